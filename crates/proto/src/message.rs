@@ -1,0 +1,325 @@
+//! Every v1 message: its fields and its fixed type id (see `docs/protocol.md`).
+
+use bytes::BytesMut;
+
+use crate::error::{ErrorCode, ProtoError};
+use crate::wire::{wire_struct, Reader, Wire};
+
+/// Handshake magic, "SLCE".
+pub const MAGIC: u32 = 0x534C_4345;
+/// The protocol version this crate speaks.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Feature bit: batches carry CRC32C checksums (always set by v1 peers).
+pub const FEATURE_CRC32C: u64 = 1;
+/// `PartitionLoc::replica` value meaning "no replica".
+pub const NO_REPLICA: u16 = 0xFFFF;
+
+wire_struct! {
+    /// First frame of every connection, client → server.
+    pub struct Handshake {
+        pub magic: u32,
+        pub version: u16,
+        pub features: u64,
+        /// The client's proposed `max_frame_bytes`.
+        pub max_frame_bytes: u32,
+        /// Application the connection works for; empty when none.
+        pub app_id: String,
+        /// Application secret when auth is on; empty when none.
+        pub secret: String,
+    }
+}
+wire_struct! {
+    /// Answer to [`Handshake`]: the negotiated version, features and frame limit.
+    pub struct HandshakeOk { pub version: u16, pub features: u64, pub max_frame_bytes: u32 }
+}
+wire_struct! {
+    /// A failed request (or a fatal connection error).
+    pub struct ErrorMsg { pub code: u16, pub retriable: u8, pub message: String }
+}
+wire_struct! { /// Liveness probe.
+    pub struct Ping {} }
+wire_struct! { /// Answer to [`Ping`].
+    pub struct Pong {} }
+wire_struct! { /// Success with no result fields.
+    pub struct OkMsg {} }
+wire_struct! {
+    /// A server announcing itself to a coordinator.
+    pub struct RegisterServer {
+        pub server_id: String,
+        pub host: String,
+        pub port: u16,
+        pub memory_budget_bytes: u64,
+        pub disk_capacity_bytes: u64,
+    }
+}
+wire_struct! {
+    /// A server's periodic state report; also registers an unknown server.
+    pub struct ServerHeartbeat {
+        pub server_id: String,
+        pub host: String,
+        pub port: u16,
+        pub memory_budget_bytes: u64,
+        pub free_memory_bytes: u64,
+        pub free_disk_bytes: u64,
+        pub partitions_held: u32,
+        pub push_bytes_per_s: u64,
+        pub active_connections: u32,
+    }
+}
+wire_struct! { /// An application starting.
+    pub struct RegisterApp { pub app_id: String, pub secret: String } }
+wire_struct! { /// An application is still alive.
+    pub struct AppHeartbeat { pub app_id: String } }
+wire_struct! { /// An application ended: delete its data.
+    pub struct UnregisterApp { pub app_id: String } }
+wire_struct! {
+    /// Register a shuffle: with a coordinator, returns an [`Assignment`]; with a server, prepares it.
+    pub struct RegisterShuffle {
+        pub app_id: String,
+        pub shuffle_id: u32,
+        pub num_maps: u32,
+        pub num_partitions: u32,
+        pub replication: u8,
+    }
+}
+wire_struct! {
+    /// A server's address inside an [`Assignment`].
+    pub struct ServerAddr { pub server_id: String, pub host: String, pub port: u16 }
+}
+wire_struct! {
+    /// Where one partition lives: indexes into `Assignment::servers`.
+    pub struct PartitionLoc { pub primary: u16, pub replica: u16 }
+}
+wire_struct! {
+    /// Partition → server map of one shuffle, in partition order.
+    pub struct Assignment {
+        pub shuffle_id: u32,
+        pub servers: Vec<ServerAddr>,
+        pub partitions: Vec<PartitionLoc>,
+    }
+}
+wire_struct! { /// Ask a coordinator for a registered shuffle's assignment.
+    pub struct GetAssignment { pub app_id: String, pub shuffle_id: u32 } }
+wire_struct! { /// Flush and seal a shuffle on a server; answered by [`CommitResult`].
+    pub struct CommitShuffle { pub app_id: String, pub shuffle_id: u32 } }
+wire_struct! { /// Bytes stored for one partition.
+    pub struct PartitionSize { pub partition: u32, pub bytes: u64 } }
+wire_struct! {
+    /// Sizes of the partitions a server holds for a committed shuffle.
+    pub struct CommitResult { pub shuffle_id: u32, pub partitions: Vec<PartitionSize> }
+}
+wire_struct! { /// Delete a shuffle's data.
+    pub struct UnregisterShuffle { pub app_id: String, pub shuffle_id: u32 } }
+wire_struct! {
+    /// One partition's batches; the body holds whole batches.
+    pub struct Push { pub app_id: String, pub shuffle_id: u32, pub partition_id: u32 }
+}
+wire_struct! {
+    /// The byte range `[offset, offset+length)` of a `PushMerged` body, holding one partition.
+    pub struct Section { pub partition_id: u32, pub offset: u32, pub length: u32 }
+}
+wire_struct! {
+    /// Batches of many partitions of one server in one frame.
+    pub struct PushMerged { pub app_id: String, pub shuffle_id: u32, pub entries: Vec<Section> }
+}
+wire_struct! { /// A push was stored.
+    pub struct PushAck {} }
+wire_struct! { /// Nothing of the push was stored; retry after `backoff_ms`.
+    pub struct Busy { pub backoff_ms: u32 } }
+wire_struct! { /// Batches one map attempt pushed to one partition.
+    pub struct BatchCount { pub partition_id: u32, pub batches: u32 } }
+wire_struct! {
+    /// A map attempt finished pushing.
+    pub struct MapperEnd {
+        pub app_id: String,
+        pub shuffle_id: u32,
+        pub map_id: u32,
+        pub attempt_id: u32,
+        pub batch_counts: Vec<BatchCount>,
+    }
+}
+wire_struct! { /// The attempt that won for the map of a [`MapperEnd`].
+    pub struct MapperEndResult { pub winning_attempt: u32 } }
+wire_struct! {
+    /// Open a read stream over maps `[map_start, map_end)` of one partition.
+    pub struct OpenStream {
+        pub app_id: String,
+        pub shuffle_id: u32,
+        pub partition_id: u32,
+        pub map_start: u32,
+        pub map_end: u32,
+    }
+}
+wire_struct! { /// A map's winning attempt and how many batches it pushed to the partition.
+    pub struct CommittedMap { pub map_id: u32, pub attempt_id: u32, pub batches: u32 } }
+wire_struct! {
+    /// An open stream: its chunks and the committed attempts of its maps.
+    pub struct StreamHandle {
+        pub stream_id: u64,
+        pub chunk_lengths: Vec<u32>,
+        pub committed: Vec<CommittedMap>,
+    }
+}
+wire_struct! { /// Ask for one chunk of a stream.
+    pub struct FetchChunk { pub stream_id: u64, pub chunk_index: u32 } }
+wire_struct! { /// One chunk; the body holds its bytes.
+    pub struct ChunkData { pub stream_id: u64, pub chunk_index: u32 } }
+wire_struct! { /// Release a stream.
+    pub struct CloseStream { pub stream_id: u64 } }
+
+/// Declares the type-id table once and derives `MsgType` and `Message` from it.
+macro_rules! messages {
+    ($($id:literal => $variant:ident($ty:ident) body=$body:literal,)*) => {
+        /// A message type id. Ids are fixed and never reused.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(u8)]
+        pub enum MsgType { $($variant = $id),* }
+
+        impl MsgType {
+            /// Every message type, in id order.
+            pub const ALL: &'static [MsgType] = &[$(MsgType::$variant),*];
+
+            /// The type for a wire id, if v1 knows it.
+            pub fn from_u8(id: u8) -> Option<MsgType> {
+                match id { $($id => Some(MsgType::$variant),)* _ => None }
+            }
+            /// Whether frames of this type may carry a body.
+            pub fn has_body(self) -> bool {
+                match self { $(MsgType::$variant => $body),* }
+            }
+            /// The message's name as written in `docs/protocol.md`.
+            pub fn name(self) -> &'static str {
+                match self { $(MsgType::$variant => stringify!($variant)),* }
+            }
+        }
+
+        /// Any v1 message (its fields; a body travels beside it).
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub enum Message { $($variant($ty)),* }
+
+        impl Message {
+            /// This message's type id.
+            pub fn msg_type(&self) -> MsgType {
+                match self { $(Message::$variant(_) => MsgType::$variant),* }
+            }
+            /// Appends the message's fields.
+            pub fn encode_fields(&self, out: &mut BytesMut) {
+                match self { $(Message::$variant(m) => m.put(out)),* }
+            }
+            /// Decodes a message's fields strictly and checks its invariants.
+            pub fn decode(ty: MsgType, fields: &[u8]) -> Result<Message, ProtoError> {
+                let mut r = Reader::new(fields);
+                let m = match ty { $(MsgType::$variant => Message::$variant(<$ty>::get(&mut r)?)),* };
+                r.finish()?;
+                m.validate()?;
+                Ok(m)
+            }
+        }
+
+        $(impl From<$ty> for Message {
+            fn from(m: $ty) -> Message { Message::$variant(m) }
+        })*
+    };
+}
+
+messages! {
+    1 => Handshake(Handshake) body=false,
+    2 => HandshakeOk(HandshakeOk) body=false,
+    3 => Error(ErrorMsg) body=false,
+    4 => Ping(Ping) body=false,
+    5 => Pong(Pong) body=false,
+    6 => Ok(OkMsg) body=false,
+    10 => RegisterServer(RegisterServer) body=false,
+    11 => ServerHeartbeat(ServerHeartbeat) body=false,
+    12 => RegisterApp(RegisterApp) body=false,
+    13 => AppHeartbeat(AppHeartbeat) body=false,
+    14 => UnregisterApp(UnregisterApp) body=false,
+    15 => RegisterShuffle(RegisterShuffle) body=false,
+    16 => Assignment(Assignment) body=false,
+    17 => GetAssignment(GetAssignment) body=false,
+    18 => CommitShuffle(CommitShuffle) body=false,
+    19 => CommitResult(CommitResult) body=false,
+    20 => UnregisterShuffle(UnregisterShuffle) body=false,
+    30 => Push(Push) body=true,
+    31 => PushMerged(PushMerged) body=true,
+    32 => PushAck(PushAck) body=false,
+    33 => Busy(Busy) body=false,
+    34 => MapperEnd(MapperEnd) body=false,
+    35 => MapperEndResult(MapperEndResult) body=false,
+    36 => OpenStream(OpenStream) body=false,
+    37 => StreamHandle(StreamHandle) body=false,
+    38 => FetchChunk(FetchChunk) body=false,
+    39 => ChunkData(ChunkData) body=true,
+    40 => CloseStream(CloseStream) body=false,
+}
+
+impl Message {
+    /// Invariants beyond the layout (the "semantic" part of malformed).
+    fn validate(&self) -> Result<(), ProtoError> {
+        match self {
+            Message::Handshake(h) => {
+                if h.magic != MAGIC {
+                    return Err(ProtoError::UnsupportedVersion(format!(
+                        "bad handshake magic {:#010x}",
+                        h.magic
+                    )));
+                }
+                if h.version != PROTOCOL_VERSION {
+                    return Err(ProtoError::UnsupportedVersion(format!(
+                        "protocol version {} (this peer speaks {PROTOCOL_VERSION})",
+                        h.version
+                    )));
+                }
+            }
+            Message::Error(e) => {
+                if e.retriable > 1 {
+                    return Err(ProtoError::Malformed("error retriable flag is not 0 or 1"));
+                }
+            }
+            Message::RegisterShuffle(r) => {
+                if r.num_partitions == 0 {
+                    return Err(ProtoError::Malformed("shuffle with zero partitions"));
+                }
+                if !(1..=2).contains(&r.replication) {
+                    return Err(ProtoError::Malformed("replication must be 1 or 2"));
+                }
+            }
+            Message::Assignment(a) => {
+                let n = a.servers.len();
+                let bad = |i: u16| (i as usize) >= n;
+                if a.partitions.iter().any(|p| bad(p.primary) || (p.replica != NO_REPLICA && bad(p.replica))) {
+                    return Err(ProtoError::Malformed("assignment index outside the server list"));
+                }
+            }
+            Message::OpenStream(o) => {
+                if o.map_start > o.map_end {
+                    return Err(ProtoError::Malformed("map range start after end"));
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Checks what depends on the body's length: `PushMerged` sections must lie inside it.
+    pub fn validate_body(&self, body_len: usize) -> Result<(), ProtoError> {
+        if let Message::PushMerged(p) = self {
+            for s in &p.entries {
+                let end = s.offset as u64 + s.length as u64;
+                if end > body_len as u64 {
+                    return Err(ProtoError::Malformed("push section outside the body"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// An `Error` message for a wire code.
+    pub fn error(code: ErrorCode, message: impl Into<String>) -> Message {
+        Message::Error(ErrorMsg {
+            code: code.as_u16(),
+            retriable: code.is_retriable() as u8,
+            message: message.into(),
+        })
+    }
+}
