@@ -1,0 +1,54 @@
+package io.sluice.protocol;
+
+import io.netty.buffer.ByteBuf;
+
+/**
+ * {@code Handshake} (1): the client's first frame on every connection.
+ *
+ * @param magic {@link #MAGIC}
+ * @param version protocol version, {@link #VERSION}
+ * @param features feature bits, {@link #FEATURE_CRC32C}
+ * @param maxFrameBytes the client's proposed {@code max_frame_bytes}
+ * @param appId the application id, "" when none
+ * @param secret the application secret, "" when none
+ */
+public record Handshake(
+    int magic, int version, long features, int maxFrameBytes, String appId, String secret)
+    implements Message {
+  /** "SLCE". */
+  public static final int MAGIC = 0x534C4345;
+  /** The protocol version this library speaks. */
+  public static final int VERSION = 1;
+  /** Feature bit 0: batches carry CRC32C checksums (always set by v1 peers). */
+  public static final long FEATURE_CRC32C = 1L;
+
+  /** A v1 handshake with the CRC32C feature. */
+  public static Handshake v1(int maxFrameBytes, String appId, String secret) {
+    return new Handshake(MAGIC, VERSION, FEATURE_CRC32C, maxFrameBytes, appId, secret);
+  }
+
+  @Override
+  public Type type() {
+    return Type.HANDSHAKE;
+  }
+
+  @Override
+  public void encode(ByteBuf out) {
+    out.writeInt(magic);
+    Wire.writeU16(out, version, "version");
+    out.writeLong(features);
+    out.writeInt(maxFrameBytes);
+    Wire.writeStr(out, appId);
+    Wire.writeStr(out, secret);
+  }
+
+  public static Handshake decode(ByteBuf in) {
+    return new Handshake(
+        Wire.readU32(in, "magic"),
+        Wire.readU16(in, "version"),
+        Wire.readU64(in, "features"),
+        Wire.readU32(in, "max_frame_bytes"),
+        Wire.readStr(in, "app_id"),
+        Wire.readStr(in, "secret"));
+  }
+}

@@ -1,0 +1,37 @@
+package io.sluice.protocol;
+
+import io.netty.buffer.ByteBuf;
+
+/**
+ * {@code RegisterShuffle} (15): to a coordinator, answered by {@link Assignment}; to a server,
+ * answered by {@link Ok}.
+ *
+ * @param numPartitions at least 1
+ * @param replication 1 or 2
+ */
+public record RegisterShuffle(
+    String appId, int shuffleId, int numMaps, int numPartitions, int replication)
+    implements Message {
+  @Override
+  public Type type() {
+    return Type.REGISTER_SHUFFLE;
+  }
+
+  @Override
+  public void encode(ByteBuf out) {
+    Wire.writeStr(out, appId);
+    out.writeInt(shuffleId);
+    out.writeInt(numMaps);
+    out.writeInt(numPartitions);
+    Wire.writeU8(out, replication, "replication");
+  }
+
+  public static RegisterShuffle decode(ByteBuf in) {
+    return new RegisterShuffle(
+        Wire.readStr(in, "app_id"),
+        Wire.readU32(in, "shuffle_id"),
+        Wire.readU32(in, "num_maps"),
+        Wire.readU32(in, "num_partitions"),
+        Wire.readU8(in, "replication"));
+  }
+}
