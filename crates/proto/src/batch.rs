@@ -49,7 +49,13 @@ impl BatchHeader {
 }
 
 /// Appends one framed batch (header + payload) to `out`.
-pub fn put_batch(out: &mut impl BufMut, map_id: u32, attempt_id: u32, batch_id: u32, payload: &[u8]) {
+pub fn put_batch(
+    out: &mut impl BufMut,
+    map_id: u32,
+    attempt_id: u32,
+    batch_id: u32,
+    payload: &[u8],
+) {
     out.put_slice(&BatchHeader::for_payload(map_id, attempt_id, batch_id, payload).to_bytes());
     out.put_slice(payload);
 }
@@ -91,10 +97,7 @@ impl<'a> Iterator for Batches<'a> {
 }
 
 /// Checks that `buf` is a sequence of whole batches whose CRCs match, calling `each` per header.
-pub fn validate_batches(
-    buf: &[u8],
-    mut each: impl FnMut(&BatchHeader),
-) -> Result<(), ProtoError> {
+pub fn validate_batches(buf: &[u8], mut each: impl FnMut(&BatchHeader)) -> Result<(), ProtoError> {
     for item in Batches::new(buf) {
         let (h, payload) = item?;
         if crc32c::crc32c(payload) != h.crc32c {

@@ -36,7 +36,12 @@ pub struct Header {
 impl Header {
     /// Header for a frame carrying `fields_len` bytes of fields and `body_len` bytes of body.
     /// `None` when the frame would not fit in `u32`.
-    pub fn new(msg_type: MsgType, request_id: u32, fields_len: usize, body_len: u64) -> Option<Self> {
+    pub fn new(
+        msg_type: MsgType,
+        request_id: u32,
+        fields_len: usize,
+        body_len: u64,
+    ) -> Option<Self> {
         let total = (HEADER_LEN as u64).checked_add(fields_len as u64)?.checked_add(body_len)?;
         Some(Header {
             frame_len: u32::try_from(total).ok()?,
@@ -84,7 +89,10 @@ impl Header {
             return Err(ProtoError::Malformed("frame_len shorter than the header"));
         }
         if h.frame_len > max_frame_bytes {
-            return Err(ProtoError::FrameTooLarge { len: h.frame_len as u64, max: max_frame_bytes });
+            return Err(ProtoError::FrameTooLarge {
+                len: h.frame_len as u64,
+                max: max_frame_bytes,
+            });
         }
         if h.fields_len > h.frame_len - HEADER_LEN as u32 {
             return Err(ProtoError::Malformed("fields_len runs past frame_len"));

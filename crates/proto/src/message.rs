@@ -37,11 +37,11 @@ wire_struct! {
     pub struct ErrorMsg { pub code: u16, pub retriable: u8, pub message: String }
 }
 wire_struct! { /// Liveness probe.
-    pub struct Ping {} }
+pub struct Ping {} }
 wire_struct! { /// Answer to [`Ping`].
-    pub struct Pong {} }
+pub struct Pong {} }
 wire_struct! { /// Success with no result fields.
-    pub struct OkMsg {} }
+pub struct OkMsg {} }
 wire_struct! {
     /// A server announcing itself to a coordinator.
     pub struct RegisterServer {
@@ -67,11 +67,11 @@ wire_struct! {
     }
 }
 wire_struct! { /// An application starting.
-    pub struct RegisterApp { pub app_id: String, pub secret: String } }
+pub struct RegisterApp { pub app_id: String, pub secret: String } }
 wire_struct! { /// An application is still alive.
-    pub struct AppHeartbeat { pub app_id: String } }
+pub struct AppHeartbeat { pub app_id: String } }
 wire_struct! { /// An application ended: delete its data.
-    pub struct UnregisterApp { pub app_id: String } }
+pub struct UnregisterApp { pub app_id: String } }
 wire_struct! {
     /// Register a shuffle: with a coordinator, returns an [`Assignment`]; with a server, prepares it.
     pub struct RegisterShuffle {
@@ -99,17 +99,17 @@ wire_struct! {
     }
 }
 wire_struct! { /// Ask a coordinator for a registered shuffle's assignment.
-    pub struct GetAssignment { pub app_id: String, pub shuffle_id: u32 } }
+pub struct GetAssignment { pub app_id: String, pub shuffle_id: u32 } }
 wire_struct! { /// Flush and seal a shuffle on a server; answered by [`CommitResult`].
-    pub struct CommitShuffle { pub app_id: String, pub shuffle_id: u32 } }
+pub struct CommitShuffle { pub app_id: String, pub shuffle_id: u32 } }
 wire_struct! { /// Bytes stored for one partition.
-    pub struct PartitionSize { pub partition: u32, pub bytes: u64 } }
+pub struct PartitionSize { pub partition: u32, pub bytes: u64 } }
 wire_struct! {
     /// Sizes of the partitions a server holds for a committed shuffle.
     pub struct CommitResult { pub shuffle_id: u32, pub partitions: Vec<PartitionSize> }
 }
 wire_struct! { /// Delete a shuffle's data.
-    pub struct UnregisterShuffle { pub app_id: String, pub shuffle_id: u32 } }
+pub struct UnregisterShuffle { pub app_id: String, pub shuffle_id: u32 } }
 wire_struct! {
     /// One partition's batches; the body holds whole batches.
     pub struct Push { pub app_id: String, pub shuffle_id: u32, pub partition_id: u32 }
@@ -123,11 +123,11 @@ wire_struct! {
     pub struct PushMerged { pub app_id: String, pub shuffle_id: u32, pub entries: Vec<Section> }
 }
 wire_struct! { /// A push was stored.
-    pub struct PushAck {} }
+pub struct PushAck {} }
 wire_struct! { /// Nothing of the push was stored; retry after `backoff_ms`.
-    pub struct Busy { pub backoff_ms: u32 } }
+pub struct Busy { pub backoff_ms: u32 } }
 wire_struct! { /// Batches one map attempt pushed to one partition.
-    pub struct BatchCount { pub partition_id: u32, pub batches: u32 } }
+pub struct BatchCount { pub partition_id: u32, pub batches: u32 } }
 wire_struct! {
     /// A map attempt finished pushing.
     pub struct MapperEnd {
@@ -139,7 +139,7 @@ wire_struct! {
     }
 }
 wire_struct! { /// The attempt that won for the map of a [`MapperEnd`].
-    pub struct MapperEndResult { pub winning_attempt: u32 } }
+pub struct MapperEndResult { pub winning_attempt: u32 } }
 wire_struct! {
     /// Open a read stream over maps `[map_start, map_end)` of one partition.
     pub struct OpenStream {
@@ -151,7 +151,7 @@ wire_struct! {
     }
 }
 wire_struct! { /// A map's winning attempt and how many batches it pushed to the partition.
-    pub struct CommittedMap { pub map_id: u32, pub attempt_id: u32, pub batches: u32 } }
+pub struct CommittedMap { pub map_id: u32, pub attempt_id: u32, pub batches: u32 } }
 wire_struct! {
     /// An open stream: its chunks and the committed attempts of its maps.
     pub struct StreamHandle {
@@ -161,11 +161,11 @@ wire_struct! {
     }
 }
 wire_struct! { /// Ask for one chunk of a stream.
-    pub struct FetchChunk { pub stream_id: u64, pub chunk_index: u32 } }
+pub struct FetchChunk { pub stream_id: u64, pub chunk_index: u32 } }
 wire_struct! { /// One chunk; the body holds its bytes.
-    pub struct ChunkData { pub stream_id: u64, pub chunk_index: u32 } }
+pub struct ChunkData { pub stream_id: u64, pub chunk_index: u32 } }
 wire_struct! { /// Release a stream.
-    pub struct CloseStream { pub stream_id: u64 } }
+pub struct CloseStream { pub stream_id: u64 } }
 
 /// Declares the type-id table once and derives `MsgType` and `Message` from it.
 macro_rules! messages {
@@ -193,8 +193,10 @@ macro_rules! messages {
             }
         }
 
-        /// Any v1 message (its fields; a body travels beside it).
-        #[derive(Debug, Clone, PartialEq, Eq)]
+        /// Any v1 message (its fields; a body travels beside it). Serializes as its bare fields.
+        #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+        #[serde(untagged)]
+        #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
         pub enum Message { $($variant($ty)),* }
 
         impl Message {
@@ -271,10 +273,8 @@ impl Message {
                     )));
                 }
             }
-            Message::Error(e) => {
-                if e.retriable > 1 {
-                    return Err(ProtoError::Malformed("error retriable flag is not 0 or 1"));
-                }
+            Message::Error(e) if e.retriable > 1 => {
+                return Err(ProtoError::Malformed("error retriable flag is not 0 or 1"));
             }
             Message::RegisterShuffle(r) => {
                 if r.num_partitions == 0 {
@@ -287,14 +287,15 @@ impl Message {
             Message::Assignment(a) => {
                 let n = a.servers.len();
                 let bad = |i: u16| (i as usize) >= n;
-                if a.partitions.iter().any(|p| bad(p.primary) || (p.replica != NO_REPLICA && bad(p.replica))) {
+                if a.partitions
+                    .iter()
+                    .any(|p| bad(p.primary) || (p.replica != NO_REPLICA && bad(p.replica)))
+                {
                     return Err(ProtoError::Malformed("assignment index outside the server list"));
                 }
             }
-            Message::OpenStream(o) => {
-                if o.map_start > o.map_end {
-                    return Err(ProtoError::Malformed("map range start after end"));
-                }
+            Message::OpenStream(o) if o.map_start > o.map_end => {
+                return Err(ProtoError::Malformed("map range start after end"));
             }
             _ => {}
         }
@@ -321,5 +322,79 @@ impl Message {
             retriable: code.is_retriable() as u8,
             message: message.into(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{encode_frame, parse};
+    use proptest::prelude::*;
+
+    /// Bends a random message into one that satisfies [`Message::validate`].
+    fn make_valid(mut m: Message) -> Message {
+        match &mut m {
+            Message::Handshake(h) => {
+                h.magic = MAGIC;
+                h.version = PROTOCOL_VERSION;
+            }
+            Message::Error(e) => e.retriable &= 1,
+            Message::RegisterShuffle(r) => {
+                r.num_partitions = r.num_partitions.max(1);
+                r.replication = 1 + (r.replication & 1);
+            }
+            Message::Assignment(a) => {
+                let n = a.servers.len() as u16;
+                for p in &mut a.partitions {
+                    p.primary = if n == 0 { 0 } else { p.primary % n };
+                    if p.replica != NO_REPLICA && n > 0 {
+                        p.replica %= n;
+                    }
+                }
+                if n == 0 {
+                    a.partitions.clear();
+                }
+            }
+            Message::OpenStream(o) if o.map_start > o.map_end => {
+                std::mem::swap(&mut o.map_start, &mut o.map_end);
+            }
+            Message::PushMerged(p) => p.entries.iter_mut().for_each(|s| {
+                s.offset = 0;
+                s.length = 0;
+            }),
+            _ => {}
+        }
+        m
+    }
+
+    proptest! {
+        #[test]
+        fn round_trip_every_message(m in any::<Message>(), id in any::<u32>(),
+                                    body in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let m = make_valid(m);
+            let body = if m.msg_type().has_body() { body } else { Vec::new() };
+            let mut buf = encode_frame(id, &m, &body);
+            let frame = parse(&mut buf, u32::MAX).expect("valid frame decodes").expect("complete");
+            prop_assert_eq!(frame.request_id, id);
+            prop_assert_eq!(&frame.message, &m);
+            prop_assert_eq!(&frame.body[..], &body[..]);
+            prop_assert!(buf.is_empty());
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let mut buf = bytes::BytesMut::from(&data[..]);
+            while let Ok(Some(_)) = parse(&mut buf, 1 << 20) {}
+        }
+    }
+
+    #[test]
+    fn every_type_id_is_covered_once() {
+        let mut seen = std::collections::HashSet::new();
+        for t in MsgType::ALL {
+            assert!(seen.insert(*t as u8));
+            assert_eq!(MsgType::from_u8(*t as u8), Some(*t));
+        }
+        assert_eq!(seen.len(), 28);
     }
 }

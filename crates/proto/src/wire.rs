@@ -118,7 +118,8 @@ impl<T: Wire> Wire for Vec<T> {
 macro_rules! wire_struct {
     ($(#[$m:meta])* pub struct $name:ident { $($(#[$fm:meta])* pub $f:ident : $t:ty),* $(,)? }) => {
         $(#[$m])*
-        #[derive(Debug, Clone, PartialEq, Eq, Default)]
+        #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+        #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
         pub struct $name { $($(#[$fm])* pub $f: $t),* }
 
         impl $crate::wire::Wire for $name {
