@@ -1,6 +1,5 @@
 package io.sluice.protocol;
 
-import io.netty.channel.ChannelHandler;
 import io.netty.channel.ChannelHandlerContext;
 import io.netty.handler.codec.MessageToMessageEncoder;
 import java.util.List;
@@ -9,8 +8,9 @@ import java.util.List;
  * Writes a {@link Frame} as two buffers: a small one with the header and fields, and the body as
  * it is (never copied into the header buffer), so the transport can send both with one gathering
  * write. The frame's body ownership moves to the transport.
+ *
+ * <p>Not sharable: the frame limit is per connection.
  */
-@ChannelHandler.Sharable
 public class FrameEncoder extends MessageToMessageEncoder<Frame> {
   private volatile int maxFrameBytes;
 

@@ -42,13 +42,28 @@ public record Handshake(
     Wire.writeStr(out, secret);
   }
 
+  /**
+   * Decodes a handshake.
+   *
+   * @throws ProtocolException {@code UNSUPPORTED_VERSION} for a bad magic or a version other than
+   *     {@link #VERSION}
+   */
   public static Handshake decode(ByteBuf in) {
-    return new Handshake(
+    Handshake h = new Handshake(
         Wire.readU32(in, "magic"),
         Wire.readU16(in, "version"),
         Wire.readU64(in, "features"),
         Wire.readU32(in, "max_frame_bytes"),
         Wire.readStr(in, "app_id"),
         Wire.readStr(in, "secret"));
+    if (h.magic != MAGIC) {
+      throw new ProtocolException(ErrorCode.UNSUPPORTED_VERSION,
+          String.format("bad handshake magic 0x%08x", h.magic));
+    }
+    if (h.version != VERSION) {
+      throw new ProtocolException(ErrorCode.UNSUPPORTED_VERSION,
+          "protocol version " + h.version + " (this peer speaks " + VERSION + ")");
+    }
+    return h;
   }
 }

@@ -23,11 +23,15 @@ public record OpenStream(String appId, int shuffleId, int partitionId, int mapSt
   }
 
   public static OpenStream decode(ByteBuf in) {
-    return new OpenStream(
+    OpenStream o = new OpenStream(
         Wire.readStr(in, "app_id"),
         Wire.readU32(in, "shuffle_id"),
         Wire.readU32(in, "partition_id"),
         Wire.readU32(in, "map_start"),
         Wire.readU32(in, "map_end"));
+    if (Integer.compareUnsigned(o.mapStart, o.mapEnd) > 0) {
+      throw ProtocolException.malformed("map range start after end");
+    }
+    return o;
   }
 }

@@ -27,11 +27,18 @@ public record RegisterShuffle(
   }
 
   public static RegisterShuffle decode(ByteBuf in) {
-    return new RegisterShuffle(
+    RegisterShuffle r = new RegisterShuffle(
         Wire.readStr(in, "app_id"),
         Wire.readU32(in, "shuffle_id"),
         Wire.readU32(in, "num_maps"),
         Wire.readU32(in, "num_partitions"),
         Wire.readU8(in, "replication"));
+    if (r.numPartitions == 0) {
+      throw ProtocolException.malformed("shuffle with zero partitions");
+    }
+    if (r.replication < 1 || r.replication > 2) {
+      throw ProtocolException.malformed("replication must be 1 or 2, got " + r.replication);
+    }
+    return r;
   }
 }

@@ -1,0 +1,307 @@
+package io.sluice.client;
+
+import io.netty.buffer.ByteBuf;
+import io.netty.channel.Channel;
+import io.netty.channel.ChannelHandlerContext;
+import io.netty.channel.ChannelInboundHandlerAdapter;
+import io.netty.util.ReferenceCountUtil;
+import io.netty.util.concurrent.ScheduledFuture;
+import io.sluice.protocol.ErrorCode;
+import io.sluice.protocol.ErrorMessage;
+import io.sluice.protocol.Frame;
+import io.sluice.protocol.FrameDecoder;
+import io.sluice.protocol.FrameEncoder;
+import io.sluice.protocol.Handshake;
+import io.sluice.protocol.HandshakeOk;
+import io.sluice.protocol.Message;
+import io.sluice.protocol.Ping;
+import io.sluice.protocol.Pong;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+
+/**
+ * One connection to a Sluice server or coordinator, after its handshake. Many requests may be in
+ * flight at once: each gets a request id and waits in a pending table for the response with the
+ * same id, or for its timeout. When the connection is lost every pending request fails at once with
+ * a {@link SluiceException#isConnectionFailure() connection failure}.
+ *
+ * <p>Backpressure: callers on non-event-loop threads that write while the channel's outbound buffer
+ * is above its high water mark block (up to the request timeout) until it drains below the low
+ * water mark, instead of queueing without bound.
+ *
+ * <p>Thread-safe. Instances come from {@link TransportClientFactory}.
+ */
+public final class TransportClient implements AutoCloseable {
+  private final Channel channel;
+  private final String peer;
+  private final int requestTimeoutMs;
+  private final Map<Integer, Pending> pending = new ConcurrentHashMap<>();
+  private final AtomicInteger nextId = new AtomicInteger(1);
+  private final Object writability = new Object();
+  private volatile int maxFrameBytes = io.sluice.protocol.FrameHeader.HANDSHAKE_MAX_FRAME_BYTES;
+  private volatile Throwable closeCause;
+
+  private static final class Pending {
+    final CompletableFuture<Frame> future = new CompletableFuture<>();
+    ScheduledFuture<?> timeout;
+  }
+
+  TransportClient(Channel channel, String peer, int requestTimeoutMs) {
+    this.channel = channel;
+    this.peer = peer;
+    this.requestTimeoutMs = requestTimeoutMs;
+    channel.pipeline().addLast("client", new Handler());
+  }
+
+  /** "host:port" of the peer. */
+  public String peer() {
+    return peer;
+  }
+
+  /** Whether the connection is open. */
+  public boolean isActive() {
+    return channel.isActive();
+  }
+
+  /** The {@code max_frame_bytes} negotiated by the handshake. */
+  public int maxFrameBytes() {
+    return maxFrameBytes;
+  }
+
+  /** Number of requests waiting for their response. */
+  public int pendingRequests() {
+    return pending.size();
+  }
+
+  /**
+   * Sends the handshake and applies the negotiated frame limit; completes when the connection is
+   * ready for requests.
+   */
+  CompletableFuture<HandshakeOk> handshake(int proposedMaxFrameBytes, String appId, String secret) {
+    return call(Handshake.v1(proposedMaxFrameBytes, appId, secret)).thenApply(m -> {
+      if (!(m instanceof HandshakeOk ok)) {
+        throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION,
+            "expected HandshakeOk from " + peer + ", got " + m);
+      }
+      if (ok.version() != Handshake.VERSION) {
+        throw new SluiceException(ErrorCode.UNSUPPORTED_VERSION,
+            peer + " answered protocol version " + ok.version());
+      }
+      int limit = ok.maxFrameBytes();
+      if (Integer.compareUnsigned(limit, io.sluice.protocol.FrameHeader.MIN_MAX_FRAME_BYTES) < 0
+          || Integer.compareUnsigned(limit, proposedMaxFrameBytes) > 0) {
+        throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION,
+            peer + " negotiated max_frame_bytes " + Integer.toUnsignedString(limit)
+                + " outside 65536.." + proposedMaxFrameBytes);
+      }
+      maxFrameBytes = limit;
+      channel.pipeline().get(FrameDecoder.class).setMaxFrameBytes(limit);
+      channel.pipeline().get(FrameEncoder.class).setMaxFrameBytes(limit);
+      return ok;
+    });
+  }
+
+  /**
+   * Sends a request and returns its response frame.
+   *
+   * @param body the request's body or {@code null}; ownership passes to this call (it is released
+   *     once written, or on failure)
+   * @return completes with the response frame, which the caller owns and must release; an
+   *     {@code Error} response completes exceptionally with a {@link SluiceException} of its code,
+   *     no answer within the request timeout with {@code TIMEOUT}, a lost connection with a
+   *     connection failure. {@code Busy} is a normal response.
+   */
+  public CompletableFuture<Frame> request(Message message, ByteBuf body) {
+    Frame frame;
+    try {
+      frame = new Frame(0, message, body);
+    } catch (RuntimeException e) {
+      return CompletableFuture.failedFuture(e);
+    }
+    if (!channel.eventLoop().inEventLoop()) {
+      try {
+        awaitWritable(requestTimeoutMs);
+      } catch (SluiceException e) {
+        frame.release();
+        return CompletableFuture.failedFuture(e);
+      }
+    }
+    Pending p = new Pending();
+    int id = register(p);
+    Frame withId = new Frame(id, message, frame.body().retain());
+    frame.release();
+    Throwable closed = closeCause;
+    if (closed != null || !channel.isActive()) {
+      withId.release();
+      fail(id, SluiceException.connectionFailure("connection to " + peer + " is closed", closed));
+      return p.future;
+    }
+    p.timeout = channel.eventLoop().schedule(
+        () -> fail(id, new SluiceException(ErrorCode.TIMEOUT, message.type().wireName()
+            + " to " + peer + " got no answer in " + requestTimeoutMs + " ms")),
+        requestTimeoutMs, TimeUnit.MILLISECONDS);
+    channel.writeAndFlush(withId).addListener(f -> {
+      if (!f.isSuccess()) {
+        fail(id, SluiceException.connectionFailure(
+            "writing " + message.type().wireName() + " to " + peer + " failed", f.cause()));
+      }
+    });
+    return p.future;
+  }
+
+  /** Sends a request without body and returns its response message (the frame is released). */
+  public CompletableFuture<Message> call(Message message) {
+    return request(message, null).thenApply(f -> {
+      try {
+        return f.message();
+      } finally {
+        f.release();
+      }
+    });
+  }
+
+  /** {@link #call} and wait (bounded by the request timeout). */
+  public Message callSync(Message message) {
+    return await(call(message));
+  }
+
+  /** Waits for a future of this library, unwrapping its failure into a SluiceException. */
+  static <T> T await(CompletableFuture<T> f) {
+    try {
+      return f.get();
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new SluiceException(ErrorCode.INTERNAL, "interrupted", e);
+    } catch (java.util.concurrent.ExecutionException e) {
+      throw SluiceException.of(e.getCause());
+    }
+  }
+
+  private int register(Pending p) {
+    while (true) {
+      int id = nextId.getAndIncrement();
+      if (pending.putIfAbsent(id, p) == null) {
+        return id;
+      }
+    }
+  }
+
+  private void fail(int id, Throwable cause) {
+    Pending p = pending.remove(id);
+    if (p != null) {
+      if (p.timeout != null) {
+        p.timeout.cancel(false);
+      }
+      p.future.completeExceptionally(cause);
+    }
+  }
+
+  /**
+   * Blocks while the channel is not writable (outbound buffer above its high water mark), at most
+   * {@code timeoutMs}. Returns at once when the channel is closed (the write then fails).
+   *
+   * @throws SluiceException {@code TIMEOUT} if it stays unwritable that long
+   */
+  public void awaitWritable(long timeoutMs) {
+    if (channel.isWritable() || !channel.isActive()) {
+      return;
+    }
+    long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(timeoutMs);
+    synchronized (writability) {
+      while (!channel.isWritable() && channel.isActive()) {
+        long left = deadline - System.nanoTime();
+        if (left <= 0) {
+          throw new SluiceException(ErrorCode.TIMEOUT,
+              "connection to " + peer + " not writable for " + timeoutMs + " ms");
+        }
+        try {
+          TimeUnit.NANOSECONDS.timedWait(writability, left);
+        } catch (InterruptedException e) {
+          Thread.currentThread().interrupt();
+          throw new SluiceException(ErrorCode.INTERNAL, "interrupted waiting for " + peer, e);
+        }
+      }
+    }
+  }
+
+  /** Closes the connection; pending requests fail. */
+  @Override
+  public void close() {
+    channel.close();
+  }
+
+  @Override
+  public String toString() {
+    return "TransportClient{" + peer + ", active=" + isActive() + ", pending=" + pending.size()
+        + "}";
+  }
+
+  private final class Handler extends ChannelInboundHandlerAdapter {
+    @Override
+    public void channelRead(ChannelHandlerContext ctx, Object msg) {
+      if (!(msg instanceof Frame frame)) {
+        ReferenceCountUtil.release(msg);
+        return;
+      }
+      Message m = frame.message();
+      if (m instanceof Ping) {
+        frame.release();
+        ctx.writeAndFlush(new Frame(frame.requestId(), Pong.INSTANCE));
+        return;
+      }
+      Pending p = pending.remove(frame.requestId());
+      if (p == null) {
+        // A late answer to a request that already timed out, or an error for no request (the
+        // peer closes the connection after a fatal one).
+        frame.release();
+        return;
+      }
+      if (p.timeout != null) {
+        p.timeout.cancel(false);
+      }
+      if (m instanceof ErrorMessage e) {
+        frame.release();
+        ErrorCode code = e.errorCode() != null ? e.errorCode() : ErrorCode.INTERNAL;
+        p.future.completeExceptionally(new SluiceException(code, peer + ": " + e.message()));
+      } else if (!p.future.complete(frame)) {
+        frame.release();
+      }
+    }
+
+    @Override
+    public void channelWritabilityChanged(ChannelHandlerContext ctx) {
+      synchronized (writability) {
+        writability.notifyAll();
+      }
+      ctx.fireChannelWritabilityChanged();
+    }
+
+    @Override
+    public void exceptionCaught(ChannelHandlerContext ctx, Throwable cause) {
+      if (closeCause == null) {
+        closeCause = cause;
+      }
+      ctx.close();
+    }
+
+    @Override
+    public void channelInactive(ChannelHandlerContext ctx) {
+      Throwable cause = closeCause;
+      SluiceException e = SluiceException.connectionFailure("connection to " + peer + " lost"
+          + (cause != null ? ": " + cause : ""), cause);
+      if (closeCause == null) {
+        closeCause = e;
+      }
+      for (Integer id : pending.keySet()) {
+        fail(id, e);
+      }
+      synchronized (writability) {
+        writability.notifyAll();
+      }
+      ctx.fireChannelInactive();
+    }
+  }
+}

@@ -1,0 +1,218 @@
+package io.sluice.client;
+
+import io.netty.bootstrap.Bootstrap;
+import io.netty.buffer.PooledByteBufAllocator;
+import io.netty.channel.Channel;
+import io.netty.channel.ChannelFuture;
+import io.netty.channel.ChannelInitializer;
+import io.netty.channel.ChannelOption;
+import io.netty.channel.EventLoopGroup;
+import io.netty.channel.IoHandlerFactory;
+import io.netty.channel.MultiThreadIoEventLoopGroup;
+import io.netty.channel.WriteBufferWaterMark;
+import io.netty.channel.epoll.Epoll;
+import io.netty.channel.epoll.EpollIoHandler;
+import io.netty.channel.epoll.EpollSocketChannel;
+import io.netty.channel.nio.NioIoHandler;
+import io.netty.channel.socket.SocketChannel;
+import io.netty.channel.socket.nio.NioSocketChannel;
+import io.netty.util.concurrent.DefaultThreadFactory;
+import io.sluice.protocol.FrameDecoder;
+import io.sluice.protocol.FrameEncoder;
+import io.sluice.protocol.FrameHeader;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ThreadLocalRandom;
+import java.util.concurrent.TimeUnit;
+
+/**
+ * Creates and pools {@link TransportClient}s: up to {@code connectionsPerPeer} connections per
+ * {@code host:port}, opened lazily, reused while alive, and replaced when broken. Reconnecting to a
+ * peer whose last connect failed waits an exponential back-off first (reconnectBackoffMs doubling
+ * up to reconnectBackoffMaxMs), so a dead server is not hammered.
+ *
+ * <p>Uses native epoll when available (and {@code preferEpoll}), NIO otherwise; TCP_NODELAY,
+ * keep-alive, pooled buffers and the configured write-buffer water marks on every channel.
+ *
+ * <p>Thread-safe; one per executor (or driver) process. Closing it closes every connection.
+ */
+public final class TransportClientFactory implements AutoCloseable {
+  private final SluiceConf conf;
+  private final String appId;
+  private final EventLoopGroup group;
+  private final Class<? extends SocketChannel> channelClass;
+  private final boolean epoll;
+  private final ConcurrentHashMap<String, Peer> peers = new ConcurrentHashMap<>();
+  private volatile boolean closed;
+
+  /** The connection slots of one peer. */
+  private static final class Peer {
+    final TransportClient[] clients;
+    final Object[] locks;
+    final long[] nextAttemptNanos;
+    final int[] failures;
+
+    Peer(int n) {
+      clients = new TransportClient[n];
+      locks = new Object[n];
+      nextAttemptNanos = new long[n];
+      failures = new int[n];
+      for (int i = 0; i < n; i++) {
+        locks[i] = new Object();
+      }
+    }
+  }
+
+  /**
+   * @param conf client options
+   * @param appId the application id sent in every handshake ("" when none)
+   */
+  public TransportClientFactory(SluiceConf conf, String appId) {
+    this.conf = conf;
+    this.appId = appId;
+    this.epoll = conf.preferEpoll() && Epoll.isAvailable();
+    IoHandlerFactory io = epoll ? EpollIoHandler.newFactory() : NioIoHandler.newFactory();
+    this.group = new MultiThreadIoEventLoopGroup(conf.ioThreads(),
+        new DefaultThreadFactory("sluice-client", true), io);
+    this.channelClass = epoll ? EpollSocketChannel.class : NioSocketChannel.class;
+  }
+
+  /** The options this factory was built with. */
+  public SluiceConf conf() {
+    return conf;
+  }
+
+  /** Whether connections use native epoll. */
+  public boolean usesEpoll() {
+    return epoll;
+  }
+
+  /** The event loops, also usable to schedule small timers. */
+  EventLoopGroup group() {
+    return group;
+  }
+
+  /**
+   * A pooled, handshaken connection to {@code host:port}: one of its {@code connectionsPerPeer}
+   * slots chosen at random, connected now if the slot is empty or broken.
+   *
+   * @throws SluiceException a connection failure when the peer cannot be reached (after waiting
+   *     out any back-off from earlier failures), or the handshake's error
+   */
+  public TransportClient getClient(String host, int port) {
+    if (closed) {
+      throw new IllegalStateException("TransportClientFactory is closed");
+    }
+    String key = host + ":" + port;
+    Peer peer = peers.computeIfAbsent(key, k -> new Peer(conf.connectionsPerPeer()));
+    int slot = ThreadLocalRandom.current().nextInt(peer.clients.length);
+    TransportClient c = peer.clients[slot];
+    if (c != null && c.isActive()) {
+      return c;
+    }
+    synchronized (peer.locks[slot]) {
+      c = peer.clients[slot];
+      if (c != null && c.isActive()) {
+        return c;
+      }
+      long wait = peer.nextAttemptNanos[slot] - System.nanoTime();
+      if (peer.failures[slot] > 0 && wait > 0) {
+        sleep(wait);
+      }
+      try {
+        c = connect(host, port);
+        peer.failures[slot] = 0;
+        peer.clients[slot] = c;
+        return c;
+      } catch (SluiceException e) {
+        int n = ++peer.failures[slot];
+        long backoff = Math.min((long) conf.reconnectBackoffMs() << Math.min(n - 1, 20),
+            conf.reconnectBackoffMaxMs());
+        peer.nextAttemptNanos[slot] = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(backoff);
+        throw e;
+      }
+    }
+  }
+
+  /** {@link #getClient(String, int)} for a server of an assignment. */
+  public TransportClient getClient(ShuffleAssignment.Server server) {
+    return getClient(server.host(), server.port());
+  }
+
+  /** {@link #getClient(String, int)} for "host:port". */
+  public TransportClient getClient(String hostPort) {
+    int i = hostPort.lastIndexOf(':');
+    if (i <= 0) {
+      throw new IllegalArgumentException("expected host:port, got '" + hostPort + "'");
+    }
+    return getClient(hostPort.substring(0, i), Integer.parseInt(hostPort.substring(i + 1)));
+  }
+
+  private static void sleep(long nanos) {
+    try {
+      TimeUnit.NANOSECONDS.sleep(nanos);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new SluiceException(io.sluice.protocol.ErrorCode.INTERNAL, "interrupted", e);
+    }
+  }
+
+  /** Opens a new, unpooled connection and completes its handshake. The caller owns it. */
+  public TransportClient connect(String host, int port) {
+    String peer = host + ":" + port;
+    Bootstrap b = new Bootstrap()
+        .group(group)
+        .channel(channelClass)
+        .option(ChannelOption.TCP_NODELAY, true)
+        .option(ChannelOption.SO_KEEPALIVE, true)
+        .option(ChannelOption.CONNECT_TIMEOUT_MILLIS, conf.connectTimeoutMs())
+        .option(ChannelOption.ALLOCATOR, PooledByteBufAllocator.DEFAULT)
+        .option(ChannelOption.WRITE_BUFFER_WATER_MARK, new WriteBufferWaterMark(
+            conf.writeBufferLowWatermarkBytes(), conf.writeBufferHighWatermarkBytes()))
+        .handler(new ChannelInitializer<SocketChannel>() {
+          @Override
+          protected void initChannel(SocketChannel ch) {
+            ch.pipeline()
+                .addLast("frameDecoder", new FrameDecoder(FrameHeader.HANDSHAKE_MAX_FRAME_BYTES))
+                .addLast("frameEncoder", new FrameEncoder(FrameHeader.HANDSHAKE_MAX_FRAME_BYTES));
+          }
+        });
+    ChannelFuture cf = b.connect(host, port);
+    if (!cf.awaitUninterruptibly(conf.connectTimeoutMs() + 1000L) || !cf.isSuccess()) {
+      cf.cancel(false);
+      cf.channel().close();
+      throw SluiceException.connectionFailure("cannot connect to " + peer, cf.cause());
+    }
+    Channel ch = cf.channel();
+    TransportClient client = new TransportClient(ch, peer, conf.requestTimeoutMs());
+    try {
+      client.handshake(conf.maxFrameBytes(), appId, conf.secret())
+          .get(conf.connectTimeoutMs(), TimeUnit.MILLISECONDS);
+      return client;
+    } catch (java.util.concurrent.TimeoutException e) {
+      ch.close();
+      throw SluiceException.connectionFailure("handshake with " + peer + " timed out", e);
+    } catch (InterruptedException e) {
+      ch.close();
+      Thread.currentThread().interrupt();
+      throw new SluiceException(io.sluice.protocol.ErrorCode.INTERNAL, "interrupted", e);
+    } catch (java.util.concurrent.ExecutionException e) {
+      ch.close();
+      throw SluiceException.of(e.getCause());
+    }
+  }
+
+  /** Closes every pooled connection and stops the event loops. */
+  @Override
+  public void close() {
+    closed = true;
+    for (Peer p : peers.values()) {
+      for (TransportClient c : p.clients) {
+        if (c != null) {
+          c.close();
+        }
+      }
+    }
+    peers.clear();
+    group.shutdownGracefully(0, 2, TimeUnit.SECONDS).awaitUninterruptibly(5, TimeUnit.SECONDS);
+  }
+}
