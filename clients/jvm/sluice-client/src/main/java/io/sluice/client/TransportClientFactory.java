@@ -20,9 +20,12 @@ import io.netty.util.concurrent.DefaultThreadFactory;
 import io.sluice.protocol.FrameDecoder;
 import io.sluice.protocol.FrameEncoder;
 import io.sluice.protocol.FrameHeader;
+import io.sluice.protocol.Message;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ThreadLocalRandom;
 import java.util.concurrent.TimeUnit;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * Creates and pools {@link TransportClient}s: up to {@code connectionsPerPeer} connections per
@@ -36,6 +39,8 @@ import java.util.concurrent.TimeUnit;
  * <p>Thread-safe; one per executor (or driver) process. Closing it closes every connection.
  */
 public final class TransportClientFactory implements AutoCloseable {
+  private static final Logger LOG = LoggerFactory.getLogger(TransportClientFactory.class);
+
   private final SluiceConf conf;
   private final String appId;
   private final EventLoopGroup group;
@@ -147,7 +152,31 @@ public final class TransportClientFactory implements AutoCloseable {
     return getClient(hostPort.substring(0, i), Integer.parseInt(hostPort.substring(i + 1)));
   }
 
-  private static void sleep(long nanos) {
+  /**
+   * Calls a server synchronously, retrying retriable failures (and lost connections) with a
+   * doubling wait, up to {@code maxRetries} retries in all.
+   *
+   * @param retriesUsed retries already spent on this request (0 for a fresh one, 1 after one
+   *     failed attempt): the call then waits before its first try
+   */
+  public Message callWithRetries(ShuffleAssignment.Server server, Message msg, int retriesUsed) {
+    for (int a = retriesUsed; ; a++) {
+      if (a > 0) {
+        sleep(TimeUnit.MILLISECONDS.toNanos(conf.retryWaitMs(a)));
+      }
+      try {
+        return getClient(server).callSync(msg);
+      } catch (SluiceException e) {
+        if (!e.isRetriable() || a >= conf.maxRetries()) {
+          throw e;
+        }
+        LOG.info("{} to {} failed ({}), retrying", msg.type().wireName(), server.hostPort(),
+            e.getMessage());
+      }
+    }
+  }
+
+  static void sleep(long nanos) {
     try {
       TimeUnit.NANOSECONDS.sleep(nanos);
     } catch (InterruptedException e) {

@@ -1,0 +1,241 @@
+package io.sluice.client;
+
+import io.sluice.protocol.AppHeartbeat;
+import io.sluice.protocol.Assignment;
+import io.sluice.protocol.CommitResult;
+import io.sluice.protocol.CommitShuffle;
+import io.sluice.protocol.ErrorCode;
+import io.sluice.protocol.GetAssignment;
+import io.sluice.protocol.Message;
+import io.sluice.protocol.Ok;
+import io.sluice.protocol.RegisterApp;
+import io.sluice.protocol.RegisterShuffle;
+import io.sluice.protocol.UnregisterApp;
+import io.sluice.protocol.UnregisterShuffle;
+import java.util.ArrayList;
+import java.util.Collection;
+import java.util.List;
+import java.util.concurrent.CompletableFuture;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * The control plane, as the Spark driver uses it: applications and shuffles on the coordinators,
+ * and the per-shuffle calls to the servers of an assignment (register, commit, unregister).
+ *
+ * <p>Coordinator calls go to one live coordinator of the list and fail over to the next when a
+ * connection fails or the answer is retriable; a non-retriable error answer is thrown as it is.
+ * Server calls retry retriable errors up to {@code maxRetries} times with a doubling wait.
+ *
+ * <p>Thread-safe. Does not own the factory.
+ */
+public final class CoordinatorClient {
+  private static final Logger LOG = LoggerFactory.getLogger(CoordinatorClient.class);
+
+  private final TransportClientFactory factory;
+  private final SluiceConf conf;
+  private final List<String> coordinators;
+  private volatile int current;
+
+  /** With the coordinators of {@code sluice.coordinators}. */
+  public CoordinatorClient(TransportClientFactory factory) {
+    this(factory, factory.conf().coordinators());
+  }
+
+  /** @param coordinators "host:port" of every coordinator */
+  public CoordinatorClient(TransportClientFactory factory, List<String> coordinators) {
+    if (coordinators.isEmpty()) {
+      throw new IllegalArgumentException("no coordinator addresses (sluice.coordinators)");
+    }
+    this.factory = factory;
+    this.conf = factory.conf();
+    this.coordinators = List.copyOf(coordinators);
+  }
+
+  /** Registers the application (with the configured secret) on the coordinator. */
+  public void registerApp(String appId) {
+    expectOk(callCoordinator(new RegisterApp(appId, conf.secret())));
+  }
+
+  /** Tells the coordinator the application is alive. */
+  public void appHeartbeat(String appId) {
+    expectOk(callCoordinator(new AppHeartbeat(appId)));
+  }
+
+  /** Unregisters the application from the coordinator. */
+  public void unregisterApp(String appId) {
+    expectOk(callCoordinator(new UnregisterApp(appId)));
+  }
+
+  /**
+   * Registers a shuffle on the coordinator and returns its assignment. Does not register it on
+   * the servers: see {@link #registerShuffleOnServers}.
+   *
+   * @param replication 1, or 2 for a replica of every partition
+   */
+  public ShuffleAssignment registerShuffle(
+      String appId, int shuffleId, int numMaps, int numPartitions, int replication) {
+    Message m = callCoordinator(
+        new RegisterShuffle(appId, shuffleId, numMaps, numPartitions, replication));
+    ShuffleAssignment a = toAssignment(m);
+    if (a.numPartitions() != numPartitions) {
+      throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION, "assignment has "
+          + a.numPartitions() + " partitions, expected " + numPartitions);
+    }
+    return a;
+  }
+
+  /** The assignment of a registered shuffle. */
+  public ShuffleAssignment getAssignment(String appId, int shuffleId) {
+    return toAssignment(callCoordinator(new GetAssignment(appId, shuffleId)));
+  }
+
+  /**
+   * Registers the application and the shuffle on every server of the assignment (in parallel),
+   * so the servers accept its pushes.
+   */
+  public void registerShuffleOnServers(
+      String appId, ShuffleAssignment a, int numMaps, int replication) {
+    onAllServers(a.servers(), new RegisterApp(appId, conf.secret()))
+        .forEach(CoordinatorClient::expectOk);
+    onAllServers(a.servers(), new RegisterShuffle(appId, a.shuffleId(), numMaps,
+        a.numPartitions(), replication)).forEach(CoordinatorClient::expectOk);
+  }
+
+  /**
+   * Commits the shuffle on every server of the assignment and returns the bytes stored per
+   * partition (batch headers included). With replication a partition is reported by two servers;
+   * the larger report counts.
+   */
+  public long[] commitShuffle(String appId, ShuffleAssignment a) {
+    long[] sizes = new long[a.numPartitions()];
+    for (Message m : onAllServers(a.servers(), new CommitShuffle(appId, a.shuffleId()))) {
+      if (!(m instanceof CommitResult r)) {
+        throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION, "expected CommitResult, got " + m);
+      }
+      for (CommitResult.PartitionSize ps : r.partitions()) {
+        int p = ps.partition();
+        if (p < 0 || p >= sizes.length) {
+          throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION,
+              "CommitResult names partition " + Integer.toUnsignedString(p));
+        }
+        sizes[p] = Math.max(sizes[p], ps.bytes());
+      }
+    }
+    return sizes;
+  }
+
+  /**
+   * Unregisters the shuffle from the coordinator and every server. Best effort on the servers:
+   * a server that cannot be reached is logged, not thrown (it expires the data itself).
+   */
+  public void unregisterShuffle(String appId, ShuffleAssignment a) {
+    UnregisterShuffle msg = new UnregisterShuffle(appId, a.shuffleId());
+    try {
+      expectOk(callCoordinator(msg));
+    } finally {
+      bestEffort(a.servers(), msg);
+    }
+  }
+
+  /** Heartbeats the application to the given servers, best effort. */
+  public void appHeartbeatToServers(String appId, Collection<ShuffleAssignment.Server> servers) {
+    bestEffort(servers, new AppHeartbeat(appId));
+  }
+
+  /** Unregisters the application from the given servers, best effort. */
+  public void unregisterAppOnServers(String appId, Collection<ShuffleAssignment.Server> servers) {
+    bestEffort(servers, new UnregisterApp(appId));
+  }
+
+  private void bestEffort(Collection<ShuffleAssignment.Server> servers, Message msg) {
+    for (ShuffleAssignment.Server s : servers) {
+      try {
+        factory.getClient(s).call(msg).whenComplete((m, e) -> {
+          if (e != null) {
+            LOG.warn("{} to {} failed: {}", msg.type().wireName(), s.hostPort(), e.toString());
+          }
+        });
+      } catch (SluiceException e) {
+        LOG.warn("{} to {} failed: {}", msg.type().wireName(), s.hostPort(), e.toString());
+      }
+    }
+  }
+
+  /** Sends {@code msg} to every server at once and waits for all answers, retrying each. */
+  private List<Message> onAllServers(Collection<ShuffleAssignment.Server> servers, Message msg) {
+    List<CompletableFuture<Message>> futures = new ArrayList<>();
+    for (ShuffleAssignment.Server s : servers) {
+      CompletableFuture<Message> f;
+      try {
+        f = factory.getClient(s).call(msg);
+      } catch (SluiceException e) {
+        f = CompletableFuture.failedFuture(e);
+      }
+      futures.add(f);
+    }
+    List<Message> out = new ArrayList<>();
+    int i = 0;
+    for (ShuffleAssignment.Server s : servers) {
+      CompletableFuture<Message> f = futures.get(i++);
+      try {
+        out.add(TransportClient.await(f));
+      } catch (SluiceException e) {
+        if (!e.isRetriable()) {
+          throw e;
+        }
+        out.add(factory.callWithRetries(s, msg, 1));
+      }
+    }
+    return out;
+  }
+
+  /** Calls a live coordinator, failing over along the list. */
+  Message callCoordinator(Message msg) {
+    SluiceException last = null;
+    int rounds = conf.maxRetries() + 1;
+    for (int round = 0; round < rounds; round++) {
+      if (round > 0) {
+        sleep(conf.retryWaitMs(round));
+      }
+      for (int i = 0; i < coordinators.size(); i++) {
+        int idx = current;
+        String addr = coordinators.get(idx);
+        try {
+          return factory.getClient(addr).callSync(msg);
+        } catch (SluiceException e) {
+          if (!e.isRetriable()) {
+            throw e;
+          }
+          last = e;
+          LOG.info("{} to coordinator {} failed ({}); trying the next", msg.type().wireName(),
+              addr, e.getMessage());
+          current = (idx + 1) % coordinators.size();
+        }
+      }
+    }
+    throw last;
+  }
+
+  private static ShuffleAssignment toAssignment(Message m) {
+    if (m instanceof Assignment a) {
+      return ShuffleAssignment.fromMessage(a);
+    }
+    throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION, "expected Assignment, got " + m);
+  }
+
+  private static void expectOk(Message m) {
+    if (!(m instanceof Ok)) {
+      throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION, "expected Ok, got " + m);
+    }
+  }
+
+  static void sleep(long ms) {
+    try {
+      Thread.sleep(ms);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new SluiceException(ErrorCode.INTERNAL, "interrupted", e);
+    }
+  }
+}

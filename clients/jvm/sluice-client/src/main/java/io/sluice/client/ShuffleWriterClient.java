@@ -1,0 +1,481 @@
+package io.sluice.client;
+
+import io.netty.buffer.ByteBuf;
+import io.netty.buffer.ByteBufAllocator;
+import io.netty.buffer.CompositeByteBuf;
+import io.netty.buffer.PooledByteBufAllocator;
+import io.netty.buffer.Unpooled;
+import io.sluice.protocol.Batch;
+import io.sluice.protocol.Busy;
+import io.sluice.protocol.ErrorCode;
+import io.sluice.protocol.Frame;
+import io.sluice.protocol.FrameHeader;
+import io.sluice.protocol.MapperEnd;
+import io.sluice.protocol.MapperEndResult;
+import io.sluice.protocol.Message;
+import io.sluice.protocol.PushAck;
+import io.sluice.protocol.PushMerged;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayDeque;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.locks.Condition;
+import java.util.concurrent.locks.ReentrantLock;
+
+/**
+ * Pushes one map attempt's output. Each {@link #addBatch} call is one batch (the caller has made
+ * it a self-contained serialized chunk); the writer numbers batches per partition (0, 1, 2 …),
+ * frames them with their CRC32C, buffers them per server and sends a server's buffered batches as
+ * one {@code PushMerged} once about {@code pushBatchBytes} are buffered for it. With replication a
+ * batch goes to the partition's primary and replica.
+ *
+ * <p>At most {@code maxInFlightBytes} pushed bytes wait for their acknowledgement; above that
+ * {@code addBatch} blocks. A push answered {@code Busy} is resent after its back-off (at most
+ * {@code busyMaxRetries} times); one failing with a retriable error (or a lost connection) is
+ * resent up to {@code maxRetries} times. Retries are sent from the writer's own thread, never from
+ * an event loop. Any other failure surfaces from the next call as a {@link SluiceException}.
+ *
+ * <p>{@link #finish()} waits for every acknowledgement, sends {@code MapperEnd} with the per-partition
+ * batch counts to every server of the assignment and returns the bytes pushed per partition.
+ * {@link #close()} releases everything (and abandons the attempt when not finished).
+ *
+ * <p>One writer per map task; not thread-safe.
+ */
+public final class ShuffleWriterClient implements AutoCloseable {
+  private final TransportClientFactory factory;
+  private final SluiceConf conf;
+  private final String appId;
+  private final int shuffleId;
+  private final int mapId;
+  private final int attemptId;
+  private final ShuffleAssignment assignment;
+  private final ByteBufAllocator alloc = PooledByteBufAllocator.DEFAULT;
+
+  private final int[] batchCounts;
+  private final long[] bytesPushed;
+  private final ServerBuffer[] buffers;
+  private final int maxBatchPayload;
+
+  private final ReentrantLock lock = new ReentrantLock();
+  private final Condition changed = lock.newCondition();
+  // Guarded by lock: bytes of pushes sent or waiting for a retry, the retry queue, first failure.
+  private long inFlightBytes;
+  private final ArrayDeque<PushTask> retries = new ArrayDeque<>();
+  private SluiceException failure;
+  private boolean closed;
+
+  private boolean finished;
+  private long blockedNanos;
+  private int winningAttempt = -1;
+
+  /** The batches buffered for one server: per partition, in arrival order. */
+  private static final class ServerBuffer {
+    final Map<Integer, List<ByteBuf>> partitions = new LinkedHashMap<>();
+    int bytes;
+    int batches;
+  }
+
+  /** One PushMerged frame until it is acknowledged or has failed for good. */
+  private static final class PushTask {
+    final int server;
+    final PushMerged message;
+    final ByteBuf body; // owned by the task until done
+    final int bytes;
+    int busyRetries;
+    int errorRetries;
+    long notBeforeNanos;
+
+    PushTask(int server, PushMerged message, ByteBuf body) {
+      this.server = server;
+      this.message = message;
+      this.body = body;
+      this.bytes = body.readableBytes();
+    }
+  }
+
+  public ShuffleWriterClient(TransportClientFactory factory, SluiceConf conf, String appId,
+      int shuffleId, int mapId, int attemptId, ShuffleAssignment assignment) {
+    this.factory = factory;
+    this.conf = conf;
+    this.appId = appId;
+    this.shuffleId = shuffleId;
+    this.mapId = mapId;
+    this.attemptId = attemptId;
+    this.assignment = assignment;
+    this.batchCounts = new int[assignment.numPartitions()];
+    this.bytesPushed = new long[assignment.numPartitions()];
+    this.buffers = new ServerBuffer[assignment.servers().size()];
+    for (int i = 0; i < buffers.length; i++) {
+      buffers[i] = new ServerBuffer();
+    }
+    // A batch alone must fit one frame: header, the fields of a one-section PushMerged, batch header.
+    int overhead = FrameHeader.HEADER_BYTES + 2 + appId.getBytes(StandardCharsets.UTF_8).length
+        + 8 + 12 + Batch.HEADER_BYTES;
+    this.maxBatchPayload = conf.maxFrameBytes() - overhead;
+  }
+
+  /** {@link #addBatch(int, ByteBuf)} for a byte array. */
+  public void addBatch(int partition, byte[] payload) {
+    addBatch(partition, Unpooled.wrappedBuffer(payload));
+  }
+
+  /**
+   * Adds one batch for {@code partition}. May block while too many bytes are in flight.
+   *
+   * @param payload the batch's bytes (its readable bytes); copied, not retained or released: the
+   *     caller keeps ownership
+   * @throws SluiceException {@code INVALID_REQUEST} for a bad partition or a batch too large for a
+   *     frame, or the first non-retriable failure of an earlier push
+   */
+  public void addBatch(int partition, ByteBuf payload) {
+    checkOpen();
+    throwIfFailed();
+    if (partition < 0 || partition >= batchCounts.length) {
+      throw new SluiceException(ErrorCode.INVALID_REQUEST, "partition " + partition
+          + " outside 0.." + (batchCounts.length - 1));
+    }
+    int len = payload.readableBytes();
+    if (len > maxBatchPayload) {
+      throw new SluiceException(ErrorCode.INVALID_REQUEST, "batch of " + len
+          + " bytes does not fit a frame of " + conf.maxFrameBytes() + " bytes");
+    }
+    int size = Batch.HEADER_BYTES + len;
+    ByteBuf batch = alloc.directBuffer(size, size);
+    Batch.header(mapId, attemptId, batchCounts[partition], payload).write(batch);
+    batch.writeBytes(payload, payload.readerIndex(), len);
+    batchCounts[partition]++;
+    bytesPushed[partition] += size;
+
+    int[] servers = assignment.serverIndexes(partition);
+    for (int i = 0; i < servers.length; i++) {
+      ServerBuffer sb = buffers[servers[i]];
+      if (sb.bytes > 0 && (long) sb.bytes + size > conf.pushBatchBytes()) {
+        flush(servers[i]);
+      }
+      sb.partitions.computeIfAbsent(partition, k -> new ArrayList<>())
+          .add(i == servers.length - 1 ? batch : batch.retainedDuplicate());
+      sb.bytes += size;
+      sb.batches++;
+      if (sb.bytes >= conf.pushBatchBytes()) {
+        flush(servers[i]);
+      }
+    }
+  }
+
+  /** Sends what is buffered for server {@code s} as one PushMerged frame. */
+  private void flush(int s) {
+    ServerBuffer sb = buffers[s];
+    if (sb.bytes == 0) {
+      return;
+    }
+    CompositeByteBuf body = alloc.compositeDirectBuffer(Math.max(2, sb.batches));
+    List<PushMerged.Section> sections = new ArrayList<>();
+    int offset = 0;
+    for (Map.Entry<Integer, List<ByteBuf>> e : sb.partitions.entrySet()) {
+      int start = offset;
+      for (ByteBuf b : e.getValue()) {
+        offset += b.readableBytes();
+        body.addComponent(true, b);
+      }
+      sections.add(new PushMerged.Section(e.getKey(), start, offset - start));
+    }
+    sb.partitions.clear();
+    sb.bytes = 0;
+    sb.batches = 0;
+    PushTask task = new PushTask(s, new PushMerged(appId, shuffleId, sections), body);
+    try {
+      reserve(task.bytes);
+    } catch (RuntimeException e) {
+      body.release();
+      throw e;
+    }
+    send(task);
+  }
+
+  /** Blocks until {@code bytes} more may be in flight, sending due retries meanwhile. */
+  private void reserve(long bytes) {
+    long start = System.nanoTime();
+    lock.lock();
+    try {
+      while (true) {
+        throwIfFailedLocked();
+        if (sendDueRetriesLocked()) {
+          continue;
+        }
+        if (inFlightBytes == 0 || inFlightBytes + bytes <= conf.maxInFlightBytes()) {
+          inFlightBytes += bytes;
+          return;
+        }
+        awaitLocked();
+      }
+    } finally {
+      lock.unlock();
+      blockedNanos += System.nanoTime() - start;
+    }
+  }
+
+  /** Waits until every push is acknowledged (sending due retries meanwhile). */
+  private void drain() {
+    long start = System.nanoTime();
+    lock.lock();
+    try {
+      while (true) {
+        throwIfFailedLocked();
+        if (sendDueRetriesLocked()) {
+          continue;
+        }
+        if (inFlightBytes == 0) {
+          return;
+        }
+        awaitLocked();
+      }
+    } finally {
+      lock.unlock();
+      blockedNanos += System.nanoTime() - start;
+    }
+  }
+
+  /** Waits for a change, at most until the next retry is due. Lock held. */
+  private void awaitLocked() {
+    long wait = TimeUnit.MILLISECONDS.toNanos(100);
+    PushTask next = retries.peek();
+    for (PushTask t : retries) {
+      if (t.notBeforeNanos < next.notBeforeNanos) {
+        next = t;
+      }
+    }
+    if (next != null) {
+      wait = Math.max(0, Math.min(wait, next.notBeforeNanos - System.nanoTime()));
+    }
+    try {
+      changed.awaitNanos(wait);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new SluiceException(ErrorCode.INTERNAL, "interrupted while pushing", e);
+    }
+  }
+
+  /** Sends the retries that are due, with the lock released; true if any was sent. Lock held. */
+  private boolean sendDueRetriesLocked() {
+    List<PushTask> due = null;
+    long now = System.nanoTime();
+    for (var it = retries.iterator(); it.hasNext(); ) {
+      PushTask t = it.next();
+      if (t.notBeforeNanos - now <= 0) {
+        it.remove();
+        if (due == null) {
+          due = new ArrayList<>();
+        }
+        due.add(t);
+      }
+    }
+    if (due == null) {
+      return false;
+    }
+    lock.unlock();
+    try {
+      for (PushTask t : due) {
+        send(t);
+      }
+    } finally {
+      lock.lock();
+    }
+    return true;
+  }
+
+  /** Sends (or resends) a push; the outcome comes back through {@link #onResponse}. */
+  private void send(PushTask task) {
+    TransportClient client;
+    try {
+      client = factory.getClient(assignment.servers().get(task.server));
+    } catch (SluiceException e) {
+      onResponse(task, null, e);
+      return;
+    }
+    CompletableFuture<Frame> f = client.request(task.message, task.body.retainedDuplicate());
+    f.whenComplete((frame, err) -> onResponse(task, frame, err));
+  }
+
+  private void onResponse(PushTask task, Frame frame, Throwable err) {
+    Message m = null;
+    if (frame != null) {
+      m = frame.message();
+      frame.release();
+    }
+    lock.lock();
+    try {
+      if (closed) {
+        doneLocked(task);
+      } else if (err != null) {
+        SluiceException e = SluiceException.of(err);
+        if (e.isRetriable() && task.errorRetries < conf.maxRetries()) {
+          task.errorRetries++;
+          retryLocked(task, conf.retryWaitMs(task.errorRetries));
+        } else {
+          failLocked(task, e);
+        }
+      } else if (m instanceof PushAck) {
+        doneLocked(task);
+      } else if (m instanceof Busy b) {
+        if (task.busyRetries < conf.busyMaxRetries()) {
+          task.busyRetries++;
+          long wait = Math.min(Integer.toUnsignedLong(b.backoffMs()), conf.busyBackoffMaxMs());
+          retryLocked(task, wait);
+        } else {
+          failLocked(task, new SluiceException(ErrorCode.TIMEOUT, "server "
+              + assignment.servers().get(task.server).hostPort() + " still busy after "
+              + task.busyRetries + " retries"));
+        }
+      } else {
+        failLocked(task, new SluiceException(ErrorCode.PROTOCOL_VIOLATION,
+            "expected PushAck or Busy, got " + m));
+      }
+      changed.signalAll();
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  private void retryLocked(PushTask task, long waitMs) {
+    task.notBeforeNanos = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(waitMs);
+    retries.add(task);
+  }
+
+  private void failLocked(PushTask task, SluiceException e) {
+    if (failure == null) {
+      failure = e;
+    }
+    doneLocked(task);
+  }
+
+  private void doneLocked(PushTask task) {
+    inFlightBytes -= task.bytes;
+    task.body.release();
+  }
+
+  private void throwIfFailed() {
+    lock.lock();
+    try {
+      throwIfFailedLocked();
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  private void throwIfFailedLocked() {
+    if (failure != null) {
+      throw new SluiceException(failure.code(), "push of shuffle " + shuffleId + " map " + mapId
+          + " attempt " + attemptId + " failed: " + failure.getMessage(), failure);
+    }
+  }
+
+  private void checkOpen() {
+    if (finished || closed) {
+      throw new IllegalStateException("writer already " + (finished ? "finished" : "closed"));
+    }
+  }
+
+  /**
+   * Sends what is buffered, waits for every acknowledgement, then reports the attempt with
+   * {@code MapperEnd} to every server of the assignment.
+   *
+   * @return bytes pushed per partition (batch headers included, each batch counted once even
+   *     when replicated)
+   */
+  public long[] finish() {
+    checkOpen();
+    for (int s = 0; s < buffers.length; s++) {
+      flush(s);
+    }
+    drain();
+    List<ShuffleAssignment.Server> servers = assignment.servers();
+    List<List<MapperEnd.BatchCount>> counts = new ArrayList<>();
+    for (int s = 0; s < servers.size(); s++) {
+      counts.add(new ArrayList<>());
+    }
+    for (int p = 0; p < batchCounts.length; p++) {
+      if (batchCounts[p] > 0) {
+        for (int s : assignment.serverIndexes(p)) {
+          counts.get(s).add(new MapperEnd.BatchCount(p, batchCounts[p]));
+        }
+      }
+    }
+    List<CompletableFuture<Message>> answers = new ArrayList<>();
+    for (int s = 0; s < servers.size(); s++) {
+      MapperEnd end = new MapperEnd(appId, shuffleId, mapId, attemptId, counts.get(s));
+      CompletableFuture<Message> f;
+      try {
+        f = factory.getClient(servers.get(s)).call(end);
+      } catch (SluiceException e) {
+        f = CompletableFuture.failedFuture(e);
+      }
+      answers.add(f);
+    }
+    for (int s = 0; s < servers.size(); s++) {
+      Message m;
+      try {
+        m = TransportClient.await(answers.get(s));
+      } catch (SluiceException e) {
+        if (!e.isRetriable()) {
+          throw e;
+        }
+        m = factory.callWithRetries(servers.get(s),
+            new MapperEnd(appId, shuffleId, mapId, attemptId, counts.get(s)), 1);
+      }
+      if (!(m instanceof MapperEndResult r)) {
+        throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION,
+            "expected MapperEndResult, got " + m);
+      }
+      winningAttempt = r.winningAttempt();
+    }
+    finished = true;
+    return bytesPushed.clone();
+  }
+
+  /** The winning attempt of this map as the servers reported it ({@code -1} before finish). */
+  public int winningAttempt() {
+    return winningAttempt;
+  }
+
+  /** Bytes added so far per partition (batch headers included). */
+  public long[] bytesPushed() {
+    return bytesPushed.clone();
+  }
+
+  /** Time the writer spent blocked on in-flight limits and acknowledgements, in nanoseconds. */
+  public long blockedNanos() {
+    return blockedNanos;
+  }
+
+  /**
+   * Releases every buffer. Without a successful {@link #finish()} the attempt is abandoned: what
+   * was pushed stays unreported, and readers ignore it.
+   */
+  @Override
+  public void close() {
+    lock.lock();
+    try {
+      if (closed) {
+        return;
+      }
+      closed = true;
+      for (PushTask t : retries) {
+        doneLocked(t);
+      }
+      retries.clear();
+    } finally {
+      lock.unlock();
+    }
+    for (ServerBuffer sb : buffers) {
+      for (List<ByteBuf> l : sb.partitions.values()) {
+        l.forEach(ByteBuf::release);
+      }
+      sb.partitions.clear();
+      sb.bytes = 0;
+    }
+  }
+}
