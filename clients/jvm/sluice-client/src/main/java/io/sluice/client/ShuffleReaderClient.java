@@ -1,0 +1,336 @@
+package io.sluice.client;
+
+import io.netty.buffer.ByteBuf;
+import io.sluice.protocol.Batch;
+import io.sluice.protocol.ChunkData;
+import io.sluice.protocol.CloseStream;
+import io.sluice.protocol.ErrorCode;
+import io.sluice.protocol.FetchChunk;
+import io.sluice.protocol.Frame;
+import io.sluice.protocol.Message;
+import io.sluice.protocol.OpenStream;
+import io.sluice.protocol.ProtocolException;
+import io.sluice.protocol.StreamHandle;
+import java.util.ArrayDeque;
+import java.util.BitSet;
+import java.util.HashMap;
+import java.util.Iterator;
+import java.util.List;
+import java.util.Map;
+import java.util.NoSuchElementException;
+import java.util.concurrent.CompletableFuture;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Reads one partition of a committed shuffle, for the maps {@code [mapStart, mapEnd)}, as an
+ * iterator of batch payloads.
+ *
+ * <p>Opens a stream on the partition's server and fetches its chunks, keeping up to
+ * {@code fetchPrefetchChunks} requests ahead. Each chunk is split into batches and every CRC32C is
+ * verified before any of its batches is handed out; a corrupted chunk counts as a failure of the
+ * server (below), so it is read again without handing out any batch twice. Only
+ * batches of a map in range whose attempt is the committed one are kept, and a repeated
+ * {@code batch_id} is dropped. When the stream ends, every committed map must have shown exactly the
+ * number of distinct batches the stream handle promised; otherwise {@code DATA_LOST} is thrown.
+ *
+ * <p>When the server fails (a lost connection or a retriable error) the reader re-opens the stream
+ * on the replica (or the same server) and starts over, keeping the batches already handed out in
+ * its duplicate filter, up to {@code maxRetries} times.
+ *
+ * <p>Ownership: a buffer returned by {@link #next()} is a slice of a fetched chunk, valid until the
+ * next call to {@link #hasNext()}, {@link #next()} or {@link #close()}; retain it to keep it longer.
+ * {@link #close()} closes the stream and releases every buffer. One reader per reduce task; not
+ * thread-safe.
+ */
+public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseable {
+  private static final Logger LOG = LoggerFactory.getLogger(ShuffleReaderClient.class);
+
+  private final TransportClientFactory factory;
+  private final SluiceConf conf;
+  private final String appId;
+  private final int shuffleId;
+  private final ShuffleAssignment assignment;
+  private final int partition;
+  private final int mapStart;
+  private final int mapEnd;
+  private final int[] servers;
+
+  /** Committed maps by map id; the seen batch ids survive a re-open. */
+  private final Map<Integer, Committed> committed = new HashMap<>();
+
+  private static final class Committed {
+    int attemptId;
+    int batches;
+    final BitSet seen = new BitSet();
+  }
+
+  // The open stream.
+  private TransportClient client;
+  private long streamId;
+  private List<Integer> chunkLengths;
+  private boolean streamOpen;
+  private int nextToFetch;
+  private int nextToConsume;
+  private final ArrayDeque<CompletableFuture<Frame>> inFlight = new ArrayDeque<>();
+
+  private Frame chunk; // the chunk whose batches are being handed out
+  private final ArrayDeque<ByteBuf> ready = new ArrayDeque<>();
+  private int failovers;
+  private int serverTurn;
+  private boolean done;
+  private boolean closed;
+
+  private long bytesFetched;
+  private long bytesRead;
+  private long batchesRead;
+  private long fetchWaitNanos;
+
+  /**
+   * Creates the reader; the stream opens on the first {@link #hasNext()}.
+   *
+   * @param mapEnd exclusive
+   */
+  public ShuffleReaderClient(TransportClientFactory factory, SluiceConf conf, String appId,
+      int shuffleId, ShuffleAssignment assignment, int partition, int mapStart, int mapEnd) {
+    if (partition < 0 || partition >= assignment.numPartitions()) {
+      throw new IllegalArgumentException("partition " + partition + " outside the assignment");
+    }
+    if (mapStart < 0 || mapStart > mapEnd) {
+      throw new IllegalArgumentException("bad map range [" + mapStart + ", " + mapEnd + ")");
+    }
+    this.factory = factory;
+    this.conf = conf;
+    this.appId = appId;
+    this.shuffleId = shuffleId;
+    this.assignment = assignment;
+    this.partition = partition;
+    this.mapStart = mapStart;
+    this.mapEnd = mapEnd;
+    this.servers = assignment.serverIndexes(partition);
+  }
+
+  @Override
+  public boolean hasNext() {
+    if (closed) {
+      return false;
+    }
+    while (ready.isEmpty() && !done) {
+      releaseChunk();
+      try {
+        step();
+      } catch (SluiceException e) {
+        if (!(e.isRetriable() || e.isConnectionFailure()) || failovers >= conf.maxRetries()) {
+          close();
+          throw e;
+        }
+        failovers++;
+        abandonStream();
+        serverTurn++;
+        LOG.warn("reading shuffle {} partition {} failed ({}); re-opening on {} (retry {})",
+            shuffleId, partition, e.getMessage(), server().hostPort(), failovers);
+        CoordinatorClient.sleep(conf.retryWaitMs(failovers));
+      }
+    }
+    if (ready.isEmpty()) {
+      close();
+      return false;
+    }
+    return true;
+  }
+
+  /** The next batch's payload; valid until the next call on this reader. */
+  @Override
+  public ByteBuf next() {
+    if (!hasNext()) {
+      throw new NoSuchElementException();
+    }
+    ByteBuf b = ready.poll();
+    bytesRead += b.readableBytes();
+    batchesRead++;
+    return b;
+  }
+
+  private ShuffleAssignment.Server server() {
+    return assignment.servers().get(servers[serverTurn % servers.length]);
+  }
+
+  /** Opens the stream, or takes in the next chunk, or finishes. */
+  private void step() {
+    if (!streamOpen) {
+      open();
+      return;
+    }
+    if (nextToConsume == chunkLengths.size()) {
+      finishStream();
+      return;
+    }
+    requestAhead();
+    CompletableFuture<Frame> f = inFlight.poll();
+    long start = System.nanoTime();
+    Frame frame;
+    try {
+      frame = TransportClient.await(f);
+    } finally {
+      fetchWaitNanos += System.nanoTime() - start;
+    }
+    int index = nextToConsume;
+    try {
+      take(frame, index);
+    } catch (SluiceException e) {
+      frame.release();
+      throw e;
+    }
+    nextToConsume++;
+  }
+
+  private void open() {
+    client = factory.getClient(server());
+    Message m = client.callSync(new OpenStream(appId, shuffleId, partition, mapStart, mapEnd));
+    if (!(m instanceof StreamHandle h)) {
+      throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION, "expected StreamHandle, got " + m);
+    }
+    streamId = h.streamId();
+    chunkLengths = h.chunkLengths();
+    streamOpen = true;
+    nextToFetch = 0;
+    nextToConsume = 0;
+    for (StreamHandle.CommittedMap c : h.committed()) {
+      if (c.mapId() < mapStart || c.mapId() >= mapEnd) {
+        throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION, "stream handle lists map "
+            + c.mapId() + " outside [" + mapStart + ", " + mapEnd + ")");
+      }
+      Committed known = committed.get(c.mapId());
+      if (known == null || known.attemptId != c.attemptId()) {
+        known = new Committed();
+        committed.put(c.mapId(), known);
+      }
+      known.attemptId = c.attemptId();
+      known.batches = c.batches();
+    }
+    requestAhead();
+  }
+
+  /** Keeps up to fetchPrefetchChunks chunk requests in flight. */
+  private void requestAhead() {
+    while (inFlight.size() < conf.fetchPrefetchChunks() && nextToFetch < chunkLengths.size()) {
+      inFlight.add(client.request(new FetchChunk(streamId, nextToFetch++), null));
+    }
+  }
+
+  /** Checks a fetched chunk and queues its batches that pass the filter. */
+  private void take(Frame frame, int index) {
+    if (!(frame.message() instanceof ChunkData cd) || cd.streamId() != streamId
+        || cd.chunkIndex() != index) {
+      throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION,
+          "expected chunk " + index + " of stream " + streamId + ", got " + frame.message());
+    }
+    ByteBuf body = frame.body();
+    long want = Integer.toUnsignedLong(chunkLengths.get(index));
+    if (body.readableBytes() != want) {
+      throw new SluiceException(ErrorCode.DATA_LOST, "chunk " + index + " of shuffle " + shuffleId
+          + " partition " + partition + " has " + body.readableBytes() + " bytes, expected " + want);
+    }
+    bytesFetched += body.readableBytes();
+    // Verify the whole chunk before handing any batch out, so a re-fetch never duplicates.
+    try {
+      Batch.forEach(body, true, null);
+    } catch (ProtocolException e) {
+      throw new SluiceException(e.code() == ErrorCode.CHECKSUM_MISMATCH
+          ? ErrorCode.CHECKSUM_MISMATCH : ErrorCode.DATA_LOST,
+          "chunk " + index + " of shuffle " + shuffleId + " partition " + partition + " from "
+              + client.peer() + ": " + e.getMessage(), e);
+    }
+    chunk = frame;
+    Batch.forEach(body, false, (h, payload) -> {
+      Committed c = committed.get(h.mapId());
+      if (c == null || h.attemptId() != c.attemptId || h.batchId() < 0
+          || c.seen.get(h.batchId())) {
+        return; // another map, a losing attempt, or a duplicate
+      }
+      c.seen.set(h.batchId());
+      ready.add(payload);
+    });
+  }
+
+  /** The stream is read to its end: close it and check every committed map is complete. */
+  private void finishStream() {
+    closeStreamQuietly();
+    for (Map.Entry<Integer, Committed> e : committed.entrySet()) {
+      Committed c = e.getValue();
+      int seen = c.seen.cardinality();
+      if (seen != c.batches || (c.batches > 0 && c.seen.length() != c.batches)) {
+        throw new SluiceException(ErrorCode.DATA_LOST, "shuffle " + shuffleId + " partition "
+            + partition + ": map " + e.getKey() + " attempt " + c.attemptId + " has "
+            + seen + " of its " + c.batches + " batches");
+      }
+    }
+    done = true;
+  }
+
+  private void closeStreamQuietly() {
+    if (streamOpen) {
+      streamOpen = false;
+      try {
+        client.call(new CloseStream(streamId));
+      } catch (RuntimeException e) {
+        LOG.debug("closing stream {} failed", streamId, e);
+      }
+    }
+  }
+
+  /** Drops the current stream after a failure: its chunks in flight are released on arrival. */
+  private void abandonStream() {
+    releaseChunk();
+    for (CompletableFuture<Frame> f : inFlight) {
+      f.whenComplete((frame, e) -> {
+        if (frame != null) {
+          frame.release();
+        }
+      });
+    }
+    inFlight.clear();
+    if (client != null && client.isActive()) {
+      closeStreamQuietly();
+    }
+    streamOpen = false;
+  }
+
+  private void releaseChunk() {
+    ready.clear();
+    if (chunk != null) {
+      chunk.release();
+      chunk = null;
+    }
+  }
+
+  /** Chunk bytes fetched from servers (batch headers and filtered batches included). */
+  public long bytesFetched() {
+    return bytesFetched;
+  }
+
+  /** Payload bytes handed out. */
+  public long bytesRead() {
+    return bytesRead;
+  }
+
+  /** Batches handed out. */
+  public long batchesRead() {
+    return batchesRead;
+  }
+
+  /** Time spent waiting for chunks, in nanoseconds. */
+  public long fetchWaitNanos() {
+    return fetchWaitNanos;
+  }
+
+  /** Closes the stream (if still open) and releases every buffer. Idempotent. */
+  @Override
+  public void close() {
+    if (closed) {
+      return;
+    }
+    closed = true;
+    abandonStream();
+  }
+}
