@@ -1,0 +1,305 @@
+//! # sluice-client
+//!
+//! The native client that map and reduce tasks use.
+//!
+//! ## Layout
+//! - [`ClientOptions`] and [`ShuffleClient`]: coordinator calls (any live coordinator of a list),
+//!   shuffle registration on servers, commit, cleanup and heartbeats.
+//! - [`writer`]: [`ShuffleWriter`] batches records per partition, pushes merged frames per
+//!   server with bounded in-flight bytes, retries `Busy`, ends with `MapperEnd`.
+//! - [`reader`]: [`PartitionReader`] opens a stream for (partition, map range), prefetches
+//!   chunks, verifies every batch's CRC32C, keeps committed attempts only, drops duplicates and
+//!   reports any missing batch as data loss.
+
+pub mod reader;
+pub mod writer;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use sluice_proto::message::*;
+use sluice_proto::ErrorCode;
+use sluice_transport::{Body, ClientConfig, Pool, Reply, TransportError};
+
+pub use reader::PartitionReader;
+pub use writer::ShuffleWriter;
+
+/// Errors a client call can end with.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    #[error("{code}: {message}")]
+    Server { code: ErrorCode, message: String },
+    #[error("unexpected reply {0}")]
+    UnexpectedReply(&'static str),
+    #[error("data lost: {0}")]
+    DataLost(String),
+    #[error("corrupt shuffle data: {0}")]
+    Corrupt(String),
+    #[error("cannot resolve {0}")]
+    Resolve(String),
+}
+
+impl ClientError {
+    /// The wire code that best describes the failure.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ClientError::Transport(e) => e.code(),
+            ClientError::Server { code, .. } => *code,
+            ClientError::UnexpectedReply(_) => ErrorCode::ProtocolViolation,
+            ClientError::DataLost(_) => ErrorCode::DataLost,
+            ClientError::Corrupt(_) => ErrorCode::ChecksumMismatch,
+            ClientError::Resolve(_) => ErrorCode::InvalidRequest,
+        }
+    }
+
+    /// Whether trying again may help.
+    pub fn is_retriable(&self) -> bool {
+        self.code().is_retriable()
+    }
+}
+
+/// Options of a [`ShuffleClient`].
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct ClientOptions {
+    /// Coordinator addresses (`host:port`); any live one is used.
+    pub coordinators: Vec<String>,
+    /// A partition's records are sealed into a batch at this many bytes.
+    pub batch_bytes: usize,
+    /// Batches for one server are merged into a `PushMerged` frame up to this many bytes.
+    pub push_frame_bytes: usize,
+    /// Bytes a writer may have pushed and not yet acknowledged.
+    pub max_inflight_bytes: usize,
+    /// How many times a push answered `Busy` is sent again (each after the server's back-off).
+    pub busy_max_retries: u32,
+    /// How many times a request that failed with a retriable error is sent again.
+    pub error_max_retries: u32,
+    /// Back-off before retrying a failed request, in milliseconds (doubles, capped at 2 s).
+    pub retry_backoff_ms: u64,
+    /// Chunks a reader fetches ahead of the one it is consuming.
+    pub fetch_prefetch_chunks: usize,
+    /// Connection settings.
+    pub transport: ClientConfig,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            coordinators: Vec::new(),
+            batch_bytes: 256 << 10,
+            push_frame_bytes: 1 << 20,
+            max_inflight_bytes: 64 << 20,
+            busy_max_retries: 1_000,
+            error_max_retries: 4,
+            retry_backoff_ms: 20,
+            fetch_prefetch_chunks: 4,
+            transport: ClientConfig::default(),
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    pub opts: ClientOptions,
+    pub pool: Pool,
+    pub app_id: String,
+}
+
+/// An application's handle on Sluice.
+#[derive(Clone)]
+pub struct ShuffleClient {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// Resolves an assignment's server addresses.
+pub async fn server_addrs(a: &Assignment) -> Result<Vec<SocketAddr>, ClientError> {
+    let mut out = Vec::with_capacity(a.servers.len());
+    for s in &a.servers {
+        let hp = format!("{}:{}", s.host, s.port);
+        let addr = tokio::net::lookup_host(&hp).await.ok().and_then(|mut i| i.next());
+        out.push(addr.ok_or(ClientError::Resolve(hp))?);
+    }
+    Ok(out)
+}
+
+/// Turns an `Error` reply into an error (the transport already does; this catches odd replies).
+pub(crate) fn expect_ok(reply: Reply) -> Result<Message, ClientError> {
+    match reply.message {
+        Message::Error(e) => Err(ClientError::Server {
+            code: ErrorCode::from_u16(e.code).unwrap_or(ErrorCode::Internal),
+            message: e.message,
+        }),
+        m => Ok(m),
+    }
+}
+
+impl ShuffleClient {
+    /// A client for `app_id`.
+    pub fn new(app_id: impl Into<String>, mut opts: ClientOptions) -> ShuffleClient {
+        let app_id = app_id.into();
+        opts.transport.app_id = app_id.clone();
+        let pool = Pool::new(opts.transport.clone());
+        ShuffleClient { inner: Arc::new(Inner { opts, pool, app_id }) }
+    }
+
+    pub fn app_id(&self) -> &str {
+        &self.inner.app_id
+    }
+
+    pub fn options(&self) -> &ClientOptions {
+        &self.inner.opts
+    }
+
+    /// Sends one request to a server.
+    pub async fn request(&self, addr: SocketAddr, msg: Message) -> Result<Message, ClientError> {
+        let conn = self.inner.pool.get(addr).await?;
+        expect_ok(conn.request(msg, Body::Empty).await?)
+    }
+
+    /// Sends one request to the first coordinator that answers; retriable failures move on to
+    /// the next one.
+    pub async fn coordinator_request(&self, msg: Message) -> Result<Message, ClientError> {
+        let mut last = ClientError::Server {
+            code: ErrorCode::NoServers,
+            message: "no coordinator configured".into(),
+        };
+        for c in &self.inner.opts.coordinators {
+            let Some(addr) = tokio::net::lookup_host(c).await.ok().and_then(|mut i| i.next())
+            else {
+                last = ClientError::Resolve(c.clone());
+                continue;
+            };
+            match self.request(addr, msg.clone()).await {
+                Ok(m) => return Ok(m),
+                Err(e @ ClientError::Transport(_)) => last = e,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last)
+    }
+
+    /// Registers the application with a coordinator.
+    pub async fn register_app(&self) -> Result<(), ClientError> {
+        self.coordinator_request(
+            RegisterApp { app_id: self.inner.app_id.clone(), secret: String::new() }.into(),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Heartbeats the application to every coordinator that answers and to `servers`.
+    pub async fn heartbeat(&self, servers: &[SocketAddr]) {
+        let hb = || Message::from(AppHeartbeat { app_id: self.inner.app_id.clone() });
+        for c in &self.inner.opts.coordinators {
+            if let Some(addr) = tokio::net::lookup_host(c).await.ok().and_then(|mut i| i.next()) {
+                let _ = self.request(addr, hb()).await;
+            }
+        }
+        for s in servers {
+            if let Err(e) = self.request(*s, hb()).await {
+                tracing::debug!(server = %s, error = %e, "app heartbeat failed");
+            }
+        }
+    }
+
+    /// Gets an assignment from a coordinator and registers the shuffle on its servers.
+    pub async fn register_shuffle(
+        &self,
+        shuffle_id: u32,
+        num_maps: u32,
+        num_partitions: u32,
+        replication: u8,
+    ) -> Result<Arc<Assignment>, ClientError> {
+        let reg = RegisterShuffle {
+            app_id: self.inner.app_id.clone(),
+            shuffle_id,
+            num_maps,
+            num_partitions,
+            replication,
+        };
+        let Message::Assignment(a) = self.coordinator_request(reg.clone().into()).await? else {
+            return Err(ClientError::UnexpectedReply("RegisterShuffle wants Assignment"));
+        };
+        for addr in server_addrs(&a).await? {
+            self.request(addr, reg.clone().into()).await?;
+        }
+        Ok(Arc::new(a))
+    }
+
+    /// Commits a shuffle on every server of its assignment; returns bytes per partition.
+    pub async fn commit_shuffle(&self, a: &Assignment) -> Result<Vec<u64>, ClientError> {
+        let msg = Message::from(CommitShuffle {
+            app_id: self.inner.app_id.clone(),
+            shuffle_id: a.shuffle_id,
+        });
+        let mut sizes = vec![0u64; a.partitions.len()];
+        let addrs = server_addrs(a).await?;
+        let replies = futures_util::future::join_all(
+            addrs.iter().map(|addr| self.request(*addr, msg.clone())),
+        )
+        .await;
+        for r in replies {
+            let Message::CommitResult(c) = r? else {
+                return Err(ClientError::UnexpectedReply("CommitShuffle wants CommitResult"));
+            };
+            for p in c.partitions {
+                if let Some(s) = sizes.get_mut(p.partition as usize) {
+                    *s += p.bytes;
+                }
+            }
+        }
+        Ok(sizes)
+    }
+
+    /// Deletes a shuffle's data on its servers and forgets it at the coordinator.
+    pub async fn unregister_shuffle(&self, a: &Assignment) -> Result<(), ClientError> {
+        let msg = Message::from(UnregisterShuffle {
+            app_id: self.inner.app_id.clone(),
+            shuffle_id: a.shuffle_id,
+        });
+        for addr in server_addrs(a).await? {
+            self.request(addr, msg.clone()).await?;
+        }
+        let _ = self.coordinator_request(msg).await;
+        Ok(())
+    }
+
+    /// Ends the application: its data is deleted on `servers` and at the coordinators.
+    pub async fn unregister_app(&self, servers: &[SocketAddr]) -> Result<(), ClientError> {
+        let msg = Message::from(UnregisterApp { app_id: self.inner.app_id.clone() });
+        for s in servers {
+            self.request(*s, msg.clone()).await?;
+        }
+        let _ = self.coordinator_request(msg).await;
+        Ok(())
+    }
+
+    /// A writer for one map attempt.
+    pub async fn writer(
+        &self,
+        a: Arc<Assignment>,
+        map_id: u32,
+        attempt_id: u32,
+    ) -> Result<ShuffleWriter, ClientError> {
+        ShuffleWriter::new(self.clone(), a, map_id, attempt_id).await
+    }
+
+    /// A reader of one partition over maps `[map_start, map_end)`.
+    pub async fn reader(
+        &self,
+        a: &Assignment,
+        partition: u32,
+        map_start: u32,
+        map_end: u32,
+    ) -> Result<PartitionReader, ClientError> {
+        PartitionReader::open(self.clone(), a, partition, map_start, map_end).await
+    }
+}
+
+/// Back-off for the n-th retry (0-based), doubling from `base_ms`, capped at 2 s.
+pub(crate) fn backoff(base_ms: u64, attempt: u32) -> Duration {
+    Duration::from_millis(base_ms.saturating_mul(1 << attempt.min(10)).min(2_000))
+}

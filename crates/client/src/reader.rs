@@ -1,0 +1,191 @@
+//! The reduce side: one partition over a map range, verified batch by batch.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use sluice_proto::batch::split_batches;
+use sluice_proto::message::*;
+use sluice_proto::ErrorCode;
+use sluice_transport::Body;
+
+use crate::{backoff, expect_ok, server_addrs, ClientError, ShuffleClient};
+
+type ChunkFuture = BoxFuture<'static, Result<Bytes, ClientError>>;
+
+/// Reads one partition's batches for maps `[map_start, map_end)`.
+pub struct PartitionReader {
+    client: ShuffleClient,
+    addr: SocketAddr,
+    stream_id: u64,
+    map_start: u32,
+    map_end: u32,
+    /// map → (committed attempt, batches expected).
+    committed: HashMap<u32, (u32, u32)>,
+    seen: HashSet<(u32, u32)>,
+    next_chunk: u32,
+    chunk_count: u32,
+    inflight: VecDeque<ChunkFuture>,
+    ready: VecDeque<Bytes>,
+    finished: bool,
+    /// Payload bytes delivered.
+    pub bytes_read: u64,
+    /// Batches delivered.
+    pub batches_read: u64,
+    /// Batches dropped: duplicates, uncommitted attempts, maps outside the range.
+    pub batches_dropped: u64,
+}
+
+impl PartitionReader {
+    pub(crate) async fn open(
+        client: ShuffleClient,
+        a: &Assignment,
+        partition: u32,
+        map_start: u32,
+        map_end: u32,
+    ) -> Result<Self, ClientError> {
+        let loc = a.partitions.get(partition as usize).ok_or(ClientError::Server {
+            code: ErrorCode::InvalidRequest,
+            message: format!("partition {partition} not in the assignment"),
+        })?;
+        let addr = server_addrs(a).await?[loc.primary as usize];
+        let open = OpenStream {
+            app_id: client.inner.app_id.clone(),
+            shuffle_id: a.shuffle_id,
+            partition_id: partition,
+            map_start,
+            map_end,
+        };
+        let mut tries = 0;
+        let handle = loop {
+            match client.request(addr, open.clone().into()).await {
+                Ok(Message::StreamHandle(h)) => break h,
+                Ok(_) => return Err(ClientError::UnexpectedReply("OpenStream wants StreamHandle")),
+                Err(e) if e.is_retriable() && tries < client.inner.opts.error_max_retries => {
+                    tokio::time::sleep(backoff(client.inner.opts.retry_backoff_ms, tries)).await;
+                    tries += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let mut r = PartitionReader {
+            client,
+            addr,
+            stream_id: handle.stream_id,
+            map_start,
+            map_end,
+            committed: handle
+                .committed
+                .iter()
+                .map(|c| (c.map_id, (c.attempt_id, c.batches)))
+                .collect(),
+            seen: HashSet::new(),
+            next_chunk: 0,
+            chunk_count: handle.chunk_lengths.len() as u32,
+            inflight: VecDeque::new(),
+            ready: VecDeque::new(),
+            finished: false,
+            bytes_read: 0,
+            batches_read: 0,
+            batches_dropped: 0,
+        };
+        r.fill();
+        Ok(r)
+    }
+
+    /// Keeps up to `fetch_prefetch_chunks` fetches in flight.
+    fn fill(&mut self) {
+        let depth = self.client.inner.opts.fetch_prefetch_chunks.max(1);
+        while self.inflight.len() < depth && self.next_chunk < self.chunk_count {
+            let (client, addr, stream_id, chunk_index) =
+                (self.client.clone(), self.addr, self.stream_id, self.next_chunk);
+            let fut = tokio::spawn(async move {
+                let conn = client.inner.pool.get(addr).await?;
+                let reply =
+                    conn.request(FetchChunk { stream_id, chunk_index }.into(), Body::Empty).await?;
+                let body = reply.body.clone();
+                match expect_ok(reply)? {
+                    Message::ChunkData(c) if c.chunk_index == chunk_index => Ok(body),
+                    _ => Err(ClientError::UnexpectedReply("FetchChunk wants ChunkData")),
+                }
+            });
+            self.inflight.push_back(
+                async move { fut.await.map_err(|e| ClientError::DataLost(format!("fetch task: {e}")))? }.boxed(),
+            );
+            self.next_chunk += 1;
+        }
+    }
+
+    /// The next verified batch payload, or `None` at the end of the partition. At the end it
+    /// checks that every committed map delivered exactly the batches it reported.
+    pub async fn next_batch(&mut self) -> Result<Option<Bytes>, ClientError> {
+        loop {
+            if let Some(b) = self.ready.pop_front() {
+                return Ok(Some(b));
+            }
+            let Some(fut) = self.inflight.pop_front() else {
+                return self.finish().await.map(|_| None);
+            };
+            let chunk = fut.await?;
+            self.fill();
+            let batches = split_batches(&chunk).map_err(|e| ClientError::Corrupt(e.to_string()))?;
+            for (h, payload) in batches {
+                if crc32c::crc32c(&payload) != h.crc32c {
+                    return Err(ClientError::Corrupt(format!(
+                        "batch {} of map {} attempt {}: CRC32C mismatch",
+                        h.batch_id, h.map_id, h.attempt_id
+                    )));
+                }
+                let keep = (self.map_start..self.map_end).contains(&h.map_id)
+                    && self.committed.get(&h.map_id).is_some_and(|(a, _)| *a == h.attempt_id)
+                    && self.seen.insert((h.map_id, h.batch_id));
+                if keep {
+                    self.bytes_read += payload.len() as u64;
+                    self.batches_read += 1;
+                    self.ready.push_back(payload);
+                } else {
+                    self.batches_dropped += 1;
+                }
+            }
+        }
+    }
+
+    async fn finish(&mut self) -> Result<(), ClientError> {
+        if self.finished {
+            return Ok(());
+        }
+        self.finished = true;
+        let _ =
+            self.client.request(self.addr, CloseStream { stream_id: self.stream_id }.into()).await;
+        let mut got: HashMap<u32, u32> = HashMap::new();
+        for (m, _) in &self.seen {
+            *got.entry(*m).or_default() += 1;
+        }
+        for (m, (attempt, want)) in &self.committed {
+            let have = got.get(m).copied().unwrap_or(0);
+            if have != *want {
+                return Err(ClientError::DataLost(format!(
+                    "map {m} attempt {attempt}: {have} of {want} batches found"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PartitionReader {
+    fn drop(&mut self) {
+        // Pending fetches are tasks; abort by dropping their futures. The server drops the
+        // stream when the connection closes or on CloseStream; send it if still open.
+        if !self.finished {
+            let (client, addr, stream_id) = (self.client.clone(), self.addr, self.stream_id);
+            if let Ok(h) = tokio::runtime::Handle::try_current() {
+                h.spawn(async move {
+                    let _ = client.request(addr, CloseStream { stream_id }.into()).await;
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,409 @@
+//! # sluice-coordinator
+//!
+//! Knows the live servers (from their heartbeats), the live applications (from theirs) and each
+//! registered shuffle's assignment. Holds no durable state: servers heartbeat to every
+//! coordinator, so a restarted coordinator rebuilds its view within one heartbeat interval, and
+//! several coordinators can run side by side.
+//!
+//! ## Layout
+//! - [`CoordinatorConfig`]: the configuration.
+//! - [`Coordinator`]: the state and what each request does to it.
+//! - [`assign`]: the load-aware partition assignment, free of I/O.
+//! - [`Coordinator::serve`]: the transport handler and the expiry tick.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde::Deserialize;
+use sluice_proto::message::*;
+use sluice_proto::ErrorCode;
+use sluice_transport::{ConnInfo, Handler, Request, Response, TransportStats};
+use tokio::net::TcpListener;
+
+/// Configuration of a `sluice coordinator`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CoordinatorConfig {
+    /// Address to listen on (`host:port`; port 0 picks a free one).
+    pub listen: String,
+    /// A server with no heartbeat for this long is marked lost and gets no new partitions, in ms.
+    pub server_timeout_ms: u64,
+    /// An application with no heartbeat for this long is forgotten with its assignments, in ms.
+    pub app_expiry_ms: u64,
+    /// Network transport settings.
+    pub transport: sluice_transport::ServerConfig,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        CoordinatorConfig {
+            listen: "127.0.0.1:9096".into(),
+            server_timeout_ms: 10_000,
+            app_expiry_ms: 120_000,
+            transport: sluice_transport::ServerConfig::default(),
+        }
+    }
+}
+
+impl CoordinatorConfig {
+    /// Checks the values.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.server_timeout_ms == 0 || self.app_expiry_ms == 0 {
+            return Err("server_timeout_ms and app_expiry_ms must be positive".into());
+        }
+        self.transport.validate().map_err(|e| format!("transport: {e}"))
+    }
+}
+
+/// What the coordinator knows of one server.
+#[derive(Debug, Clone)]
+pub struct ServerInfo {
+    pub addr: ServerAddr,
+    pub last_seen: Instant,
+    pub memory_budget_bytes: u64,
+    pub free_memory_bytes: u64,
+    pub free_disk_bytes: u64,
+    pub partitions_held: u32,
+    pub push_bytes_per_s: u64,
+    /// Partitions assigned since its last heartbeat (not yet in `partitions_held`).
+    pub assigned_since_heartbeat: u32,
+}
+
+impl ServerInfo {
+    /// Lower is better: partitions held or promised, scaled up by memory pressure and push rate.
+    fn load_score(&self) -> f64 {
+        let partitions = (self.partitions_held + self.assigned_since_heartbeat + 1) as f64;
+        let free_frac = if self.memory_budget_bytes == 0 {
+            1.0
+        } else {
+            self.free_memory_bytes as f64 / self.memory_budget_bytes as f64
+        };
+        let busy = 1.0 + self.push_bytes_per_s as f64 / 1e9;
+        partitions * busy / (free_frac + 0.1)
+    }
+}
+
+/// Spreads `num_partitions` over `servers` (greedy on the load score), with a replica on another
+/// server when `replication` is 2 and there is one. Updates the servers' promised counts.
+pub fn assign(
+    servers: &mut [ServerInfo],
+    num_partitions: u32,
+    replication: u8,
+) -> Vec<PartitionLoc> {
+    let mut out = Vec::with_capacity(num_partitions as usize);
+    for _ in 0..num_partitions {
+        let mut order: Vec<usize> = (0..servers.len()).collect();
+        order.sort_by(|&a, &b| servers[a].load_score().total_cmp(&servers[b].load_score()));
+        let primary = order[0];
+        servers[primary].assigned_since_heartbeat += 1;
+        let replica = if replication >= 2 && order.len() > 1 {
+            servers[order[1]].assigned_since_heartbeat += 1;
+            order[1] as u16
+        } else {
+            NO_REPLICA
+        };
+        out.push(PartitionLoc { primary: primary as u16, replica });
+    }
+    out
+}
+
+#[derive(Default)]
+struct View {
+    servers: HashMap<String, ServerInfo>,
+    apps: HashMap<String, Instant>,
+    shuffles: HashMap<(String, u32), Assignment>,
+}
+
+/// The coordinator's state.
+pub struct Coordinator {
+    config: CoordinatorConfig,
+    view: Mutex<View>,
+}
+
+type Failure = (ErrorCode, String);
+
+impl Coordinator {
+    pub fn new(config: CoordinatorConfig) -> Result<Arc<Self>, String> {
+        config.validate()?;
+        Ok(Arc::new(Coordinator { config, view: Mutex::new(View::default()) }))
+    }
+
+    /// Servers that heartbeated within the timeout.
+    pub fn live_servers(&self) -> Vec<ServerInfo> {
+        let timeout = Duration::from_millis(self.config.server_timeout_ms);
+        let view = self.view.lock();
+        let mut v: Vec<_> =
+            view.servers.values().filter(|s| s.last_seen.elapsed() < timeout).cloned().collect();
+        v.sort_by(|a, b| a.addr.server_id.cmp(&b.addr.server_id));
+        v
+    }
+
+    /// Applies one request.
+    pub fn handle(&self, msg: Message) -> Message {
+        let result: Result<Message, Failure> = match msg {
+            Message::Ping(_) => Ok(Pong {}.into()),
+            Message::RegisterServer(r) => {
+                self.server_seen(
+                    ServerAddr { server_id: r.server_id, host: r.host, port: r.port },
+                    |s| {
+                        s.memory_budget_bytes = r.memory_budget_bytes;
+                        s.free_memory_bytes = r.memory_budget_bytes;
+                    },
+                );
+                Ok(OkMsg {}.into())
+            }
+            Message::ServerHeartbeat(h) => {
+                self.server_seen(
+                    ServerAddr { server_id: h.server_id, host: h.host, port: h.port },
+                    |s| {
+                        s.memory_budget_bytes = h.memory_budget_bytes;
+                        s.free_memory_bytes = h.free_memory_bytes;
+                        s.free_disk_bytes = h.free_disk_bytes;
+                        s.partitions_held = h.partitions_held;
+                        s.push_bytes_per_s = h.push_bytes_per_s;
+                        s.assigned_since_heartbeat = 0;
+                    },
+                );
+                Ok(OkMsg {}.into())
+            }
+            Message::RegisterApp(r) => Ok(self.app_seen(&r.app_id)),
+            Message::AppHeartbeat(r) => Ok(self.app_seen(&r.app_id)),
+            Message::UnregisterApp(r) => {
+                let mut v = self.view.lock();
+                v.apps.remove(&r.app_id);
+                v.shuffles.retain(|(a, _), _| *a != r.app_id);
+                Ok(OkMsg {}.into())
+            }
+            Message::RegisterShuffle(r) => self.register_shuffle(r),
+            Message::GetAssignment(g) => {
+                match self.view.lock().shuffles.get(&(g.app_id.clone(), g.shuffle_id)) {
+                    Some(a) => Ok(a.clone().into()),
+                    None => Err((
+                        ErrorCode::UnknownShuffle,
+                        format!("shuffle {} of {} is not registered here", g.shuffle_id, g.app_id),
+                    )),
+                }
+            }
+            Message::UnregisterShuffle(u) => {
+                self.view.lock().shuffles.remove(&(u.app_id, u.shuffle_id));
+                Ok(OkMsg {}.into())
+            }
+            other => Err((
+                ErrorCode::InvalidRequest,
+                format!("a coordinator does not take {}", other.msg_type().name()),
+            )),
+        };
+        result.unwrap_or_else(|(code, text)| Message::error(code, text))
+    }
+
+    fn server_seen(&self, addr: ServerAddr, update: impl FnOnce(&mut ServerInfo)) {
+        let mut v = self.view.lock();
+        let s = v.servers.entry(addr.server_id.clone()).or_insert_with(|| {
+            tracing::info!(server = %addr.server_id, host = %addr.host, port = addr.port, "server joined");
+            ServerInfo {
+                addr: addr.clone(),
+                last_seen: Instant::now(),
+                memory_budget_bytes: 0,
+                free_memory_bytes: 0,
+                free_disk_bytes: 0,
+                partitions_held: 0,
+                push_bytes_per_s: 0,
+                assigned_since_heartbeat: 0,
+            }
+        });
+        s.addr = addr;
+        s.last_seen = Instant::now();
+        update(s);
+    }
+
+    fn app_seen(&self, app_id: &str) -> Message {
+        self.view.lock().apps.insert(app_id.to_owned(), Instant::now());
+        OkMsg {}.into()
+    }
+
+    fn register_shuffle(&self, r: RegisterShuffle) -> Result<Message, Failure> {
+        let key = (r.app_id.clone(), r.shuffle_id);
+        if let Some(a) = self.view.lock().shuffles.get(&key) {
+            if a.partitions.len() as u32 == r.num_partitions {
+                return Ok(a.clone().into()); // idempotent: a retried registration gets the same answer
+            }
+        }
+        let timeout = Duration::from_millis(self.config.server_timeout_ms);
+        let mut v = self.view.lock();
+        // An application registers itself when it registers a shuffle, so a restarted
+        // coordinator does not refuse a job whose app heartbeat has not arrived yet.
+        v.apps.insert(r.app_id.clone(), Instant::now());
+        let mut live: Vec<ServerInfo> =
+            v.servers.values().filter(|s| s.last_seen.elapsed() < timeout).cloned().collect();
+        if live.is_empty() {
+            return Err((ErrorCode::NoServers, "no live shuffle server is registered".into()));
+        }
+        live.sort_by(|a, b| a.addr.server_id.cmp(&b.addr.server_id));
+        let locs = assign(&mut live, r.num_partitions, r.replication);
+        // Keep only the servers the assignment uses, and renumber.
+        let mut used: Vec<usize> = locs
+            .iter()
+            .flat_map(|l| [l.primary, l.replica])
+            .filter(|i| *i != NO_REPLICA)
+            .map(|i| i as usize)
+            .collect();
+        used.sort_unstable();
+        used.dedup();
+        let remap = |i: u16| {
+            if i == NO_REPLICA {
+                NO_REPLICA
+            } else {
+                used.binary_search(&(i as usize)).unwrap_or(0) as u16
+            }
+        };
+        let assignment = Assignment {
+            shuffle_id: r.shuffle_id,
+            servers: used.iter().map(|&i| live[i].addr.clone()).collect(),
+            partitions: locs
+                .iter()
+                .map(|l| PartitionLoc { primary: remap(l.primary), replica: remap(l.replica) })
+                .collect(),
+        };
+        for s in &live {
+            if let Some(known) = v.servers.get_mut(&s.addr.server_id) {
+                known.assigned_since_heartbeat = s.assigned_since_heartbeat;
+            }
+        }
+        tracing::info!(app = %r.app_id, shuffle = r.shuffle_id, partitions = r.num_partitions,
+            servers = assignment.servers.len(), "shuffle assigned");
+        v.shuffles.insert(key, assignment.clone());
+        Ok(assignment.into())
+    }
+
+    /// Forgets applications whose heartbeats stopped, with their assignments.
+    pub fn expire(&self) {
+        let limit = Duration::from_millis(self.config.app_expiry_ms);
+        let mut v = self.view.lock();
+        let expired: Vec<String> =
+            v.apps.iter().filter(|(_, t)| t.elapsed() > limit).map(|(a, _)| a.clone()).collect();
+        for app in expired {
+            tracing::info!(app = %app, "application expired");
+            v.apps.remove(&app);
+            v.shuffles.retain(|(a, _), _| *a != app);
+        }
+    }
+
+    /// Serves on `listener` until `shutdown` completes.
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> std::io::Result<()> {
+        let ticker = {
+            let me = self.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(1));
+                loop {
+                    tick.tick().await;
+                    me.expire();
+                }
+            })
+        };
+        let transport = self.config.transport.clone();
+        let r = sluice_transport::serve(
+            listener,
+            Arc::new(CoordHandler(self)),
+            transport,
+            Arc::new(TransportStats::default()),
+            shutdown,
+        )
+        .await;
+        ticker.abort();
+        r
+    }
+}
+
+struct CoordHandler(Arc<Coordinator>);
+
+impl Handler for CoordHandler {
+    fn handle(
+        &self,
+        _conn: &Arc<ConnInfo>,
+        req: Request,
+    ) -> impl Future<Output = Response> + Send + 'static {
+        let reply = self.0.handle(req.message);
+        async move { Response::msg(reply) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(id: &str, held: u32, free: u64) -> ServerInfo {
+        ServerInfo {
+            addr: ServerAddr { server_id: id.into(), host: "127.0.0.1".into(), port: 1 },
+            last_seen: Instant::now(),
+            memory_budget_bytes: 100,
+            free_memory_bytes: free,
+            free_disk_bytes: 1 << 40,
+            partitions_held: held,
+            push_bytes_per_s: 0,
+            assigned_since_heartbeat: 0,
+        }
+    }
+
+    #[test]
+    fn spreads_evenly_and_prefers_the_idle_server() {
+        let mut s = vec![server("a", 0, 100), server("b", 0, 100)];
+        let locs = assign(&mut s, 10, 1);
+        let on_a = locs.iter().filter(|l| l.primary == 0).count();
+        assert_eq!(on_a, 5);
+        let mut s = vec![server("a", 50, 10), server("b", 0, 100)];
+        let locs = assign(&mut s, 10, 1);
+        assert!(locs.iter().all(|l| l.primary == 1), "loaded server a should get nothing");
+    }
+
+    #[test]
+    fn replicas_go_to_another_server() {
+        let mut s = vec![server("a", 0, 100), server("b", 0, 100), server("c", 0, 100)];
+        for l in assign(&mut s, 9, 2) {
+            assert_ne!(l.primary, l.replica);
+        }
+        let mut one = vec![server("a", 0, 100)];
+        assert_eq!(assign(&mut one, 2, 2)[0].replica, NO_REPLICA);
+    }
+
+    #[test]
+    fn register_shuffle_needs_servers_and_is_idempotent() {
+        let c = Coordinator::new(CoordinatorConfig::default()).unwrap();
+        let reg = RegisterShuffle {
+            app_id: "a".into(),
+            shuffle_id: 1,
+            num_maps: 2,
+            num_partitions: 4,
+            replication: 1,
+        };
+        match c.handle(reg.clone().into()) {
+            Message::Error(e) => assert_eq!(e.code, ErrorCode::NoServers.as_u16()),
+            m => panic!("{m:?}"),
+        }
+        for (id, port) in [("s1", 1), ("s2", 2)] {
+            c.handle(
+                ServerHeartbeat {
+                    server_id: id.into(),
+                    host: "h".into(),
+                    port,
+                    memory_budget_bytes: 10,
+                    free_memory_bytes: 10,
+                    ..Default::default()
+                }
+                .into(),
+            );
+        }
+        let a1 = c.handle(reg.clone().into());
+        let a2 = c.handle(reg.into());
+        assert_eq!(a1, a2);
+        let Message::Assignment(a) = a1 else { panic!() };
+        assert_eq!(a.servers.len(), 2);
+        assert_eq!(a.partitions.len(), 4);
+    }
+}

@@ -1,0 +1,96 @@
+//! Server configuration: one serde struct, every field documented with its unit.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// Configuration of a `sluice server`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address to listen on (`host:port`; port 0 picks a free one).
+    pub listen: String,
+    /// Host name or IP that clients use to reach this server (sent to coordinators).
+    /// Empty: the listen address's IP.
+    pub advertise_host: String,
+    /// Stable id of this server; empty: `host:port`.
+    pub server_id: String,
+    /// Directories that hold flushed shuffle files. At least one.
+    pub data_dirs: Vec<PathBuf>,
+    /// Bytes of buffered shuffle data the server may hold in memory.
+    pub memory_budget_bytes: u64,
+    /// Fraction of the budget above which the largest partition buffers are flushed.
+    pub flush_watermark: f64,
+    /// Fraction of the budget above which pushes are answered with `Busy`.
+    pub busy_watermark: f64,
+    /// Fraction of the budget below which `Busy` stops.
+    pub resume_watermark: f64,
+    /// Back-off suggested to clients in a `Busy` reply, in milliseconds.
+    pub busy_backoff_ms: u32,
+    /// A partition buffer this large is flushed as one chunk, in bytes; also the chunk size
+    /// readers fetch.
+    pub chunk_bytes: u64,
+    /// Flusher threads per data directory.
+    pub flushers_per_dir: usize,
+    /// An application with no heartbeat for this long is expired and its data deleted, in ms.
+    pub app_expiry_ms: u64,
+    /// Coordinator addresses (`host:port`) to heartbeat to.
+    pub coordinators: Vec<String>,
+    /// Interval between heartbeats to each coordinator, in milliseconds.
+    pub heartbeat_interval_ms: u64,
+    /// Network transport settings (frame limit, watermarks, zero copy, auth).
+    pub transport: sluice_transport::ServerConfig,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: "127.0.0.1:9097".into(),
+            advertise_host: String::new(),
+            server_id: String::new(),
+            data_dirs: vec![std::env::temp_dir().join("sluice-data")],
+            memory_budget_bytes: 1 << 30,
+            flush_watermark: 0.7,
+            busy_watermark: 0.9,
+            resume_watermark: 0.6,
+            busy_backoff_ms: 50,
+            chunk_bytes: 4 << 20,
+            flushers_per_dir: 2,
+            app_expiry_ms: 120_000,
+            coordinators: Vec::new(),
+            heartbeat_interval_ms: 1_000,
+            transport: sluice_transport::ServerConfig::default(),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Checks the values; the message names the field and what is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.data_dirs.is_empty() {
+            return Err("data_dirs: at least one directory is required".into());
+        }
+        if self.memory_budget_bytes < 4 << 20 {
+            return Err("memory_budget_bytes: must be at least 4 MiB".into());
+        }
+        let (r, f, b) = (self.resume_watermark, self.flush_watermark, self.busy_watermark);
+        if !(0.0 < r && r < b && f < b && b <= 1.0 && f > 0.0) {
+            return Err(format!(
+                "watermarks: need 0 < resume ({r}) < busy ({b}) <= 1 and 0 < flush ({f}) < busy"
+            ));
+        }
+        if self.chunk_bytes == 0 || self.chunk_bytes > u32::MAX as u64 / 2 {
+            return Err("chunk_bytes: must be between 1 and 2 GiB".into());
+        }
+        if self.chunk_bytes + 1024 > self.transport.max_frame_bytes as u64 {
+            return Err("chunk_bytes: must fit in transport.max_frame_bytes".into());
+        }
+        if self.flushers_per_dir == 0 {
+            return Err("flushers_per_dir: must be at least 1".into());
+        }
+        if self.heartbeat_interval_ms == 0 || self.app_expiry_ms == 0 {
+            return Err("heartbeat_interval_ms and app_expiry_ms must be positive".into());
+        }
+        self.transport.validate().map_err(|e| format!("transport: {e}"))
+    }
+}

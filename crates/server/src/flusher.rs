@@ -1,0 +1,242 @@
+//! Flushers: threads per data directory that append partition buffers to files.
+//!
+//! File writes block, so they run on plain threads, never on the async workers. Each job writes
+//! one chunk at an offset reserved when it was submitted (positional writes let several jobs of
+//! one partition run at once), then records the chunk and releases the memory it held. A write
+//! error takes the directory out of service and the job is written again on another directory;
+//! only when no directory is left is the partition marked lost, so readers get `DATA_LOST`
+//! instead of silently missing data.
+
+use std::io::IoSlice;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::shuffle::{Buffered, Chunk, OpenFile, Partition, Shuffle};
+use crate::storage::{create_file, Storage};
+
+/// One chunk to write.
+pub struct FlushJob {
+    pub shuffle: Arc<Shuffle>,
+    pub partition: u32,
+    pub data: Buffered,
+    pub target: OpenFile,
+    pub offset: u64,
+}
+
+/// The flusher threads of all data directories.
+pub struct Flushers {
+    queues: Vec<Sender<FlushJob>>,
+    storage: Arc<Storage>,
+}
+
+/// Why a buffer could not be handed to a flusher.
+#[derive(Debug, thiserror::Error)]
+#[error("no data directory can take the partition: {0}")]
+pub struct NoStorage(pub String);
+
+impl Flushers {
+    /// Starts `per_dir` threads for each directory. `on_done(bytes)` is called after each job.
+    pub fn start(
+        storage: Arc<Storage>,
+        per_dir: usize,
+        on_done: Arc<dyn Fn(u64) + Send + Sync>,
+    ) -> Flushers {
+        let mut queues = Vec::new();
+        for dir in storage.dirs() {
+            let (tx, rx) = crossbeam_channel::unbounded::<FlushJob>();
+            for i in 0..per_dir {
+                let rx: Receiver<FlushJob> = rx.clone();
+                let storage = storage.clone();
+                let on_done = on_done.clone();
+                std::thread::Builder::new()
+                    .name(format!("sluice-flush-{}-{i}", dir.index))
+                    .spawn(move || {
+                        for job in rx {
+                            let bytes = job.data.bytes;
+                            run_job(&storage, job);
+                            on_done(bytes);
+                        }
+                    })
+                    .expect("spawn flusher thread");
+            }
+            queues.push(tx);
+        }
+        Flushers { queues, storage }
+    }
+
+    /// Takes the partition's buffer and queues it as one chunk. The caller holds the partition
+    /// lock, so the offset reservation and the buffer hand-off are atomic.
+    pub fn submit(
+        &self,
+        shuffle: &Arc<Shuffle>,
+        partition_id: u32,
+        p: &mut Partition,
+    ) -> Result<u64, NoStorage> {
+        if p.buffer.bytes == 0 {
+            return Ok(0);
+        }
+        let target = match &p.file {
+            Some(f) if !f.dir.is_failed() => f.clone(),
+            _ => open_next_file(&self.storage, shuffle, partition_id, p, None)
+                .map_err(|e| NoStorage(e.to_string()))?,
+        };
+        let data = std::mem::take(&mut p.buffer);
+        let bytes = data.bytes;
+        let offset = p.next_offset;
+        p.next_offset += bytes;
+        shuffle.inflight_flushes.fetch_add(1, Ordering::AcqRel);
+        let job =
+            FlushJob { shuffle: shuffle.clone(), partition: partition_id, data, target, offset };
+        if let Err(e) = self.queues[job.target.dir.index].send(job) {
+            // Only when the threads are gone (shutdown): write inline rather than lose it.
+            run_job(&self.storage, e.into_inner());
+        }
+        Ok(bytes)
+    }
+}
+
+/// Opens the partition's next file on the healthiest directory other than `avoid`.
+fn open_next_file(
+    storage: &Storage,
+    shuffle: &Shuffle,
+    partition_id: u32,
+    p: &mut Partition,
+    avoid: Option<usize>,
+) -> std::io::Result<OpenFile> {
+    loop {
+        let Some(dir) = storage.choose(avoid) else {
+            return Err(std::io::Error::other("all data directories are out of service"));
+        };
+        let path = shuffle.file_path(&dir, partition_id, p.files_created);
+        match create_file(&path) {
+            Ok(file) => {
+                p.files_created += 1;
+                let f = OpenFile { file: Arc::new(file), dir, path };
+                p.file = Some(f.clone());
+                p.next_offset = 0;
+                return Ok(f);
+            }
+            Err(e) => dir.fail(&e),
+        }
+    }
+}
+
+fn run_job(storage: &Storage, mut job: FlushJob) {
+    let shuffle = job.shuffle.clone();
+    loop {
+        if shuffle.deleted.load(Ordering::Acquire) {
+            break;
+        }
+        match write_all_at(&job.target.file, &job.data.slices, job.offset) {
+            Ok(()) => {
+                let mut maps = std::mem::take(&mut job.data.maps);
+                maps.sort_unstable();
+                maps.dedup();
+                let chunk = Chunk {
+                    file: job.target.file.clone(),
+                    offset: job.offset,
+                    len: job.data.bytes,
+                    maps,
+                };
+                shuffle.partitions[job.partition as usize].lock().chunks.push(chunk);
+                break;
+            }
+            Err(e) => {
+                job.target.dir.fail(&e);
+                let mut p = shuffle.partitions[job.partition as usize].lock();
+                let retry = match &p.file {
+                    Some(f) if !f.dir.is_failed() => Ok(f.clone()),
+                    _ => open_next_file(
+                        storage,
+                        &shuffle,
+                        job.partition,
+                        &mut p,
+                        Some(job.target.dir.index),
+                    ),
+                };
+                match retry {
+                    Ok(f) => {
+                        job.offset = p.next_offset;
+                        p.next_offset += job.data.bytes;
+                        job.target = f;
+                    }
+                    Err(e2) => {
+                        let msg = format!("flush failed ({e}) and no directory is left ({e2})");
+                        tracing::error!(app = %shuffle.app_id, shuffle = shuffle.shuffle_id,
+                            partition = job.partition, bytes = job.data.bytes, "{msg}");
+                        p.lost.get_or_insert(msg);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    // Release the memory before waking a committer waiting for the flush to finish.
+    drop(job);
+    if shuffle.inflight_flushes.fetch_sub(1, Ordering::AcqRel) == 1 {
+        shuffle.flushed.notify_waiters();
+    }
+}
+
+/// Writes every slice at `offset` with as few `pwritev` calls as the kernel allows.
+fn write_all_at(
+    file: &std::fs::File,
+    slices: &[bytes::Bytes],
+    mut offset: u64,
+) -> std::io::Result<()> {
+    let mut idx = 0;
+    let mut skip = 0usize; // bytes of slices[idx] already written
+    while idx < slices.len() {
+        let iov: Vec<IoSlice<'_>> = std::iter::once(&slices[idx][skip..])
+            .chain(slices[idx + 1..].iter().map(|b| &b[..]))
+            .take(512)
+            .map(IoSlice::new)
+            .collect();
+        let n = rustix::io::pwritev(file, &iov, offset).map_err(std::io::Error::from)?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WriteZero,
+                "pwritev wrote nothing",
+            ));
+        }
+        offset += n as u64;
+        let mut left = n;
+        while left > 0 {
+            let avail = slices[idx].len() - skip;
+            if left >= avail {
+                left -= avail;
+                idx += 1;
+                skip = 0;
+            } else {
+                skip += left;
+                left = 0;
+            }
+        }
+        while idx < slices.len() && slices[idx].len() == skip {
+            idx += 1;
+            skip = 0;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn pwritev_writes_every_slice_in_order() {
+        let f = tempfile::tempfile().unwrap();
+        let slices: Vec<bytes::Bytes> = (0..2000u32)
+            .map(|i| bytes::Bytes::from(vec![(i % 251) as u8; (i % 7) as usize]))
+            .collect();
+        write_all_at(&f, &slices, 5).unwrap();
+        let want: Vec<u8> = slices.iter().flat_map(|s| s.iter().copied()).collect();
+        let mut got = vec![0u8; want.len()];
+        f.read_exact_at(&mut got, 5).unwrap();
+        assert_eq!(got, want);
+    }
+}

@@ -1,0 +1,219 @@
+//! # sluice-server
+//!
+//! The shuffle server: accepts pushes into a byte-accounted memory budget, flushes them to local
+//! disks, seals partitions on commit and serves chunks to readers with `sendfile`.
+//!
+//! ## Layout
+//! - [`config`]: the server's configuration.
+//! - [`memory_budget`]: reservations and watermarks for buffered data.
+//! - [`storage`]: data directories, chosen by free space, taken out of service on failure.
+//! - [`shuffle`]: applications, shuffles, partition buffers and the chunk index.
+//! - [`flusher`]: threads that append buffers to partition files.
+//! - [`state`]: what each request does to the above.
+//! - [`stats`]: counters exported as Prometheus text.
+//! - this file: the transport [`Handler`](sluice_transport::Handler), heartbeats to
+//!   coordinators and the maintenance tick, wired together by [`Server::serve`].
+
+pub mod config;
+pub mod flusher;
+pub mod memory_budget;
+pub mod shuffle;
+pub mod state;
+pub mod stats;
+pub mod storage;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_proto::message::{Message, RegisterServer, ServerHeartbeat};
+use sluice_transport::{
+    Admission, ClientConfig, ConnInfo, Handler, Pool, Request, Response, TransportStats,
+};
+use tokio::net::TcpListener;
+
+pub use config::ServerConfig;
+pub use state::ServerState;
+
+/// Adapts [`ServerState`] to the transport's handler interface.
+struct ServerHandler {
+    state: Arc<ServerState>,
+}
+
+impl Handler for ServerHandler {
+    fn admit(&self, _conn: &ConnInfo, message: &Message, body_len: u32) -> Admission {
+        let (app, shuffle) = match message {
+            Message::Push(p) => (&p.app_id, p.shuffle_id),
+            Message::PushMerged(p) => (&p.app_id, p.shuffle_id),
+            _ => return Admission::Accept(None),
+        };
+        match self.state.admit_push(app, shuffle, body_len) {
+            Ok(reservation) => Admission::Accept(Some(Box::new(reservation))),
+            Err(reply) => Admission::Reject(reply),
+        }
+    }
+
+    fn handle(
+        &self,
+        conn: &Arc<ConnInfo>,
+        req: Request,
+    ) -> impl Future<Output = Response> + Send + 'static {
+        let state = self.state.clone();
+        let conn_id = conn.id;
+        // The permit is the Reservation made in `admit`; it moves into the partition buffers.
+        let reservation =
+            req.permit.and_then(|p| p.downcast::<memory_budget::Reservation>().ok()).map(|b| *b);
+        state.dispatch(conn_id, req.message, req.body, reservation)
+    }
+
+    fn connection_closed(&self, conn: &ConnInfo) {
+        self.state.connection_closed(conn.id);
+    }
+}
+
+/// A configured server, ready to serve on a listener.
+pub struct Server {
+    pub state: Arc<ServerState>,
+    pub transport_stats: Arc<TransportStats>,
+}
+
+impl Server {
+    /// Validates the configuration and opens storage.
+    pub fn new(config: ServerConfig) -> Result<Server, String> {
+        config.validate()?;
+        Ok(Server {
+            state: ServerState::new(config),
+            transport_stats: Arc::new(TransportStats::default()),
+        })
+    }
+
+    /// Serves on `listener` until `shutdown` completes; heartbeats to the configured coordinators
+    /// and runs the maintenance tick (pressure relief, application expiry) meanwhile.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> std::io::Result<()> {
+        let local = listener.local_addr()?;
+        let state = self.state.clone();
+        let mut tasks = tokio::task::JoinSet::new();
+        tasks.spawn(maintenance(state.clone()));
+        for coord in state.config.coordinators.clone() {
+            tasks.spawn(heartbeat_loop(state.clone(), self.transport_stats.clone(), coord, local));
+        }
+        let handler = Arc::new(ServerHandler { state: state.clone() });
+        let result = sluice_transport::serve(
+            listener,
+            handler,
+            state.config.transport.clone(),
+            self.transport_stats.clone(),
+            shutdown,
+        )
+        .await;
+        tasks.shutdown().await;
+        result
+    }
+
+    /// Prometheus text for the server's counters and gauges.
+    pub fn metrics(state: &ServerState, transport: &TransportStats) -> String {
+        let t = transport.snapshot();
+        state.stats.prometheus(&[
+            ("sluice_server_memory_used_bytes", state.budget.used()),
+            ("sluice_server_memory_peak_bytes", state.budget.peak()),
+            ("sluice_server_memory_budget_bytes", state.budget.capacity()),
+            ("sluice_server_sendfile_bytes_total", t.sendfile_bytes),
+            ("sluice_server_writev_bytes_total", t.writev_bytes),
+            ("sluice_server_copy_bytes_total", t.copy_bytes),
+        ])
+    }
+}
+
+async fn maintenance(state: Arc<ServerState>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    let mut n = 0u64;
+    loop {
+        tick.tick().await;
+        state.relieve_pressure();
+        n += 1;
+        if n % 20 == 0 {
+            state.expire_apps();
+        }
+    }
+}
+
+/// Identity a server reports to coordinators.
+fn identity(state: &ServerState, local: SocketAddr) -> (String, String, u16) {
+    let host = if state.config.advertise_host.is_empty() {
+        local.ip().to_string()
+    } else {
+        state.config.advertise_host.clone()
+    };
+    let id = if state.config.server_id.is_empty() {
+        format!("{host}:{}", local.port())
+    } else {
+        state.config.server_id.clone()
+    };
+    (id, host, local.port())
+}
+
+/// Registers with one coordinator, then heartbeats to it forever; a coordinator that is down
+/// or restarting is retried at the next interval (a restarted one learns us from the heartbeat).
+async fn heartbeat_loop(
+    state: Arc<ServerState>,
+    transport: Arc<TransportStats>,
+    coord: String,
+    local: SocketAddr,
+) {
+    let (server_id, host, port) = identity(&state, local);
+    let pool = Pool::new(ClientConfig { connections_per_peer: 1, ..ClientConfig::default() });
+    let mut registered = false;
+    let mut last_pushed = 0u64;
+    let interval = Duration::from_millis(state.config.heartbeat_interval_ms);
+    let mut tick = tokio::time::interval(interval);
+    loop {
+        tick.tick().await;
+        let addr = match tokio::net::lookup_host(&coord).await.map(|mut a| a.next()) {
+            Ok(Some(a)) => a,
+            _ => {
+                tracing::warn!(coordinator = %coord, "cannot resolve coordinator address");
+                continue;
+            }
+        };
+        let pushed = state.stats.pushed_bytes.load(std::sync::atomic::Ordering::Relaxed);
+        let msg: Message = if registered {
+            ServerHeartbeat {
+                server_id: server_id.clone(),
+                host: host.clone(),
+                port,
+                memory_budget_bytes: state.budget.capacity(),
+                free_memory_bytes: state.budget.capacity().saturating_sub(state.budget.used()),
+                free_disk_bytes: state.storage.free_bytes(),
+                partitions_held: state.partitions_held(),
+                push_bytes_per_s: (pushed - last_pushed) * 1000
+                    / interval.as_millis().max(1) as u64,
+                active_connections: transport.snapshot().connections_open as u32,
+            }
+            .into()
+        } else {
+            RegisterServer {
+                server_id: server_id.clone(),
+                host: host.clone(),
+                port,
+                memory_budget_bytes: state.budget.capacity(),
+                disk_capacity_bytes: state.storage.capacity_bytes(),
+            }
+            .into()
+        };
+        last_pushed = pushed;
+        let sent =
+            async { pool.get(addr).await?.request(msg, sluice_transport::Body::Empty).await };
+        match sent.await {
+            Ok(_) => registered = true,
+            Err(e) => {
+                tracing::debug!(coordinator = %coord, error = %e, "heartbeat failed");
+                registered = false;
+            }
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! The byte-accounted memory budget for buffered shuffle data.
+//!
+//! Every pushed body is reserved here *before* it is read off the socket; the reservation travels
+//! with the bytes and is released when the last slice of them is flushed and dropped. Usage is
+//! compared with three watermarks: above `flush` the largest partition buffers are flushed, above
+//! `busy` pushes are answered with a retriable `Busy` until usage falls below `resume`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// What the budget says about a new push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pressure {
+    /// Below the flush watermark.
+    Normal,
+    /// Above the flush watermark: flush the largest buffers.
+    Flush,
+    /// Above the busy watermark (or not yet back under resume): answer pushes with `Busy`.
+    Busy,
+}
+
+/// A shared memory budget.
+#[derive(Debug)]
+pub struct MemoryBudget {
+    capacity: u64,
+    flush_at: u64,
+    busy_at: u64,
+    resume_at: u64,
+    used: AtomicU64,
+    peak: AtomicU64,
+    paused: AtomicBool,
+}
+
+impl MemoryBudget {
+    /// A budget of `capacity` bytes with watermarks given as fractions of it.
+    pub fn new(capacity: u64, flush: f64, busy: f64, resume: f64) -> Arc<Self> {
+        let at = |f: f64| (capacity as f64 * f) as u64;
+        Arc::new(MemoryBudget {
+            capacity,
+            flush_at: at(flush),
+            busy_at: at(busy),
+            resume_at: at(resume),
+            used: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
+            paused: AtomicBool::new(false),
+        })
+    }
+
+    /// Reserves `bytes` unless the budget is paused or the reservation would cross the busy
+    /// watermark (a push never takes the budget past it, so usage stays under the capacity).
+    pub fn try_reserve(self: &Arc<Self>, bytes: u64) -> Option<Reservation> {
+        if self.paused.load(Ordering::Acquire) {
+            if self.used() >= self.resume_at {
+                return None;
+            }
+            self.paused.store(false, Ordering::Release);
+        }
+        let mut cur = self.used.load(Ordering::Relaxed);
+        loop {
+            let next = cur.checked_add(bytes)?;
+            // A single body larger than the whole busy headroom could never be admitted; let it in
+            // when the budget is empty so a large frame cannot be starved forever.
+            if next > self.busy_at && cur != 0 {
+                self.paused.store(true, Ordering::Release);
+                return None;
+            }
+            if next > self.capacity {
+                return None;
+            }
+            match self.used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => {
+                    self.peak.fetch_max(next, Ordering::Relaxed);
+                    return Some(Reservation { budget: self.clone(), bytes });
+                }
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Current pressure.
+    pub fn pressure(&self) -> Pressure {
+        let used = self.used();
+        if self.paused.load(Ordering::Acquire) && used >= self.resume_at || used >= self.busy_at {
+            Pressure::Busy
+        } else if used >= self.flush_at {
+            Pressure::Flush
+        } else {
+            Pressure::Normal
+        }
+    }
+
+    /// Bytes reserved now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+
+    /// Highest reservation total seen.
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    /// The budget's size.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Bytes above which buffers are flushed.
+    pub fn flush_at(&self) -> u64 {
+        self.flush_at
+    }
+
+    /// Bytes below which flushing under pressure may stop.
+    pub fn resume_at(&self) -> u64 {
+        self.resume_at
+    }
+}
+
+/// Bytes held from a [`MemoryBudget`]; released on drop.
+#[derive(Debug)]
+pub struct Reservation {
+    budget: Arc<MemoryBudget>,
+    bytes: u64,
+}
+
+impl Reservation {
+    /// Bytes this reservation holds.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserves_releases_and_applies_hysteresis() {
+        let b = MemoryBudget::new(1000, 0.7, 0.9, 0.6);
+        let r1 = b.try_reserve(650).unwrap();
+        assert_eq!(b.pressure(), Pressure::Normal);
+        let r2 = b.try_reserve(100).unwrap();
+        assert_eq!(b.pressure(), Pressure::Flush);
+        assert!(b.try_reserve(200).is_none(), "would cross busy");
+        assert_eq!(b.pressure(), Pressure::Busy);
+        drop(r2); // 650: below busy but above resume: still paused
+        assert!(b.try_reserve(10).is_none());
+        drop(r1); // 0: below resume
+        let r3 = b.try_reserve(10).unwrap();
+        assert_eq!(b.used(), 10);
+        assert_eq!(b.peak(), 750);
+        drop(r3);
+        assert_eq!(b.used(), 0);
+    }
+
+    #[test]
+    fn never_exceeds_capacity() {
+        let b = MemoryBudget::new(100, 0.7, 0.9, 0.6);
+        assert!(b.try_reserve(101).is_none());
+        let r = b.try_reserve(100).unwrap(); // alone in an empty budget
+        assert!(b.try_reserve(1).is_none());
+        drop(r);
+    }
+}

@@ -1,0 +1,209 @@
+//! Applications, shuffles and their partitions: buffers, files and chunk index.
+//!
+//! A partition holds in-memory slices of pushed bodies (each with its budget reservation) until
+//! they are flushed, then a list of chunks: `(file, offset, length, map ids)`. Readers fetch chunks;
+//! a map sub-range read serves only the chunks that hold one of its maps.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use crate::memory_budget::Reservation;
+use crate::storage::DataDir;
+
+/// A flushed region of a partition file.
+#[derive(Debug, Clone)]
+pub struct Chunk {
+    pub file: Arc<File>,
+    pub offset: u64,
+    pub len: u64,
+    /// Map ids with at least one batch in the chunk, sorted, unique.
+    pub maps: Vec<u32>,
+}
+
+impl Chunk {
+    /// Whether the chunk holds a batch of a map in `[start, end)`.
+    pub fn has_map_in(&self, start: u32, end: u32) -> bool {
+        let i = self.maps.partition_point(|m| *m < start);
+        self.maps.get(i).is_some_and(|m| *m < end)
+    }
+}
+
+/// The file a partition currently appends to.
+#[derive(Debug, Clone)]
+pub struct OpenFile {
+    pub file: Arc<File>,
+    pub dir: Arc<DataDir>,
+    pub path: PathBuf,
+}
+
+/// Bytes waiting in memory to be flushed, with the reservations that pay for them.
+#[derive(Debug, Default)]
+pub struct Buffered {
+    pub slices: Vec<Bytes>,
+    pub reservations: Vec<Arc<Reservation>>,
+    pub maps: Vec<u32>,
+    pub bytes: u64,
+}
+
+/// One partition of a shuffle on this server.
+#[derive(Debug, Default)]
+pub struct Partition {
+    pub buffer: Buffered,
+    pub file: Option<OpenFile>,
+    /// Number of files created so far (names the next one).
+    pub files_created: u32,
+    /// Where the next flush goes in `file`.
+    pub next_offset: u64,
+    pub chunks: Vec<Chunk>,
+    /// Bytes accepted for this partition (buffered + flushed).
+    pub accepted_bytes: u64,
+    /// Set when data of this partition could not be stored anywhere.
+    pub lost: Option<String>,
+}
+
+/// What a winning map attempt reported.
+#[derive(Debug, Clone)]
+pub struct MapEnd {
+    pub attempt_id: u32,
+    /// partition → batches pushed there.
+    pub batches: HashMap<u32, u32>,
+}
+
+/// A registered shuffle.
+#[derive(Debug)]
+pub struct Shuffle {
+    pub app_id: String,
+    pub shuffle_id: u32,
+    pub num_maps: u32,
+    pub partitions: Vec<Mutex<Partition>>,
+    pub maps: Mutex<HashMap<u32, MapEnd>>,
+    pub committed: AtomicBool,
+    /// Flush jobs submitted and not yet finished.
+    pub inflight_flushes: AtomicU64,
+    pub flushed: Notify,
+    /// Relative directory of its files inside a data directory.
+    pub rel_dir: PathBuf,
+    pub deleted: AtomicBool,
+}
+
+impl Shuffle {
+    pub fn new(app_id: &str, shuffle_id: u32, num_maps: u32, num_partitions: u32) -> Arc<Self> {
+        Arc::new(Shuffle {
+            app_id: app_id.to_owned(),
+            shuffle_id,
+            num_maps,
+            partitions: (0..num_partitions).map(|_| Mutex::new(Partition::default())).collect(),
+            maps: Mutex::new(HashMap::new()),
+            committed: AtomicBool::new(false),
+            inflight_flushes: AtomicU64::new(0),
+            flushed: Notify::new(),
+            rel_dir: PathBuf::from(sanitize(app_id)).join(shuffle_id.to_string()),
+            deleted: AtomicBool::new(false),
+        })
+    }
+
+    pub fn is_committed(&self) -> bool {
+        self.committed.load(Ordering::Acquire)
+    }
+
+    /// Records a map attempt's end; the first attempt to report wins. Returns the winner.
+    pub fn mapper_end(&self, map_id: u32, attempt_id: u32, counts: &[(u32, u32)]) -> u32 {
+        let mut maps = self.maps.lock();
+        maps.entry(map_id)
+            .or_insert_with(|| MapEnd { attempt_id, batches: counts.iter().copied().collect() })
+            .attempt_id
+    }
+
+    /// Path of a partition's n-th file inside a data directory.
+    pub fn file_path(&self, dir: &DataDir, partition: u32, n: u32) -> PathBuf {
+        dir.path.join(&self.rel_dir).join(format!("{partition}-{n}.data"))
+    }
+
+    /// Deletes the shuffle's files from every data directory.
+    pub fn delete_files(&self, dirs: &[Arc<DataDir>]) {
+        self.deleted.store(true, Ordering::Release);
+        for d in dirs {
+            let p = d.path.join(&self.rel_dir);
+            match std::fs::remove_dir_all(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(path = %p.display(), error = %e, "cannot delete shuffle files")
+                }
+            }
+        }
+    }
+}
+
+/// File-name-safe form of an application id (no separators, no `..`).
+pub fn sanitize(app_id: &str) -> String {
+    let s: String = app_id
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+        .collect();
+    if s.is_empty() {
+        "_".into()
+    } else {
+        s
+    }
+}
+
+/// A registered application.
+#[derive(Debug)]
+pub struct App {
+    pub last_seen: Mutex<Instant>,
+    pub shuffles: Mutex<HashMap<u32, Arc<Shuffle>>>,
+}
+
+impl App {
+    pub fn new() -> Self {
+        App { last_seen: Mutex::new(Instant::now()), shuffles: Mutex::new(HashMap::new()) }
+    }
+
+    pub fn touch(&self) {
+        *self.last_seen.lock() = Instant::now();
+    }
+}
+
+impl Default for App {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_map_range() {
+        let c = Chunk {
+            file: Arc::new(tempfile::tempfile().unwrap()),
+            offset: 0,
+            len: 1,
+            maps: vec![3, 7, 9],
+        };
+        assert!(c.has_map_in(0, 4));
+        assert!(!c.has_map_in(4, 7));
+        assert!(c.has_map_in(7, 8));
+        assert!(!c.has_map_in(10, 20));
+        assert!(!c.has_map_in(5, 5));
+    }
+
+    #[test]
+    fn first_mapper_end_wins_and_names_are_safe() {
+        let s = Shuffle::new("../evil/app", 1, 2, 2);
+        assert_eq!(s.mapper_end(0, 1, &[(0, 2)]), 1);
+        assert_eq!(s.mapper_end(0, 0, &[(0, 5)]), 1);
+        assert_eq!(s.maps.lock()[&0].batches[&0], 2);
+        assert_eq!(sanitize("../evil/app"), "___evil_app");
+    }
+}

@@ -1,0 +1,501 @@
+//! The server's state and how each request changes it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use sluice_proto::batch::validate_batches;
+use sluice_proto::message::*;
+use sluice_proto::ErrorCode;
+use sluice_transport::{Body, FileRegion, Response};
+
+use crate::config::ServerConfig;
+use crate::flusher::Flushers;
+use crate::memory_budget::{MemoryBudget, Pressure, Reservation};
+use crate::shuffle::{App, Chunk, Shuffle};
+use crate::stats::Stats;
+use crate::storage::Storage;
+
+/// A failed request: a wire code and a message for the requester.
+pub type Failure = (ErrorCode, String);
+
+fn fail<T>(code: ErrorCode, msg: impl Into<String>) -> Result<T, Failure> {
+    Err((code, msg.into()))
+}
+
+/// An open read stream.
+struct Stream {
+    conn_id: u64,
+    chunks: Vec<Chunk>,
+}
+
+/// Everything a server holds.
+pub struct ServerState {
+    pub config: ServerConfig,
+    pub budget: Arc<MemoryBudget>,
+    pub storage: Arc<Storage>,
+    pub stats: Arc<Stats>,
+    flushers: Flushers,
+    apps: Mutex<HashMap<String, Arc<App>>>,
+    streams: Mutex<HashMap<u64, Stream>>,
+    next_stream: AtomicU64,
+    /// Bytes handed to flushers and not yet written.
+    flushing_bytes: Arc<AtomicU64>,
+    relieving: AtomicBool,
+}
+
+impl ServerState {
+    pub fn new(config: ServerConfig) -> Arc<Self> {
+        let budget = MemoryBudget::new(
+            config.memory_budget_bytes,
+            config.flush_watermark,
+            config.busy_watermark,
+            config.resume_watermark,
+        );
+        let storage = Arc::new(Storage::open(&config.data_dirs));
+        let stats = Arc::new(Stats::default());
+        let flushing_bytes = Arc::new(AtomicU64::new(0));
+        let on_done = {
+            let (flushing, stats) = (flushing_bytes.clone(), stats.clone());
+            Arc::new(move |bytes: u64| {
+                flushing.fetch_sub(bytes, Ordering::AcqRel);
+                stats.flushed_bytes.fetch_add(bytes, Ordering::Relaxed);
+            })
+        };
+        let flushers = Flushers::start(storage.clone(), config.flushers_per_dir, on_done);
+        Arc::new(ServerState {
+            config,
+            budget,
+            storage,
+            stats,
+            flushers,
+            apps: Mutex::new(HashMap::new()),
+            streams: Mutex::new(HashMap::new()),
+            next_stream: AtomicU64::new(1),
+            flushing_bytes,
+            relieving: AtomicBool::new(false),
+        })
+    }
+
+    fn app(&self, app_id: &str) -> Result<Arc<App>, Failure> {
+        match self.apps.lock().get(app_id) {
+            Some(a) => Ok(a.clone()),
+            None => fail(ErrorCode::UnknownApp, format!("application {app_id} is not registered")),
+        }
+    }
+
+    fn shuffle(&self, app_id: &str, shuffle_id: u32) -> Result<Arc<Shuffle>, Failure> {
+        match self.app(app_id)?.shuffles.lock().get(&shuffle_id) {
+            Some(s) => Ok(s.clone()),
+            None => fail(
+                ErrorCode::UnknownShuffle,
+                format!("shuffle {shuffle_id} of {app_id} is not registered"),
+            ),
+        }
+    }
+
+    /// Decides about a push before its body is read: known shuffle, open for pushes, storage
+    /// available, and memory reserved for the whole body.
+    pub fn admit_push(
+        &self,
+        app_id: &str,
+        shuffle_id: u32,
+        body_len: u32,
+    ) -> Result<Reservation, Message> {
+        let to_msg = |(c, m): Failure| Message::error(c, m);
+        let shuffle = self.shuffle(app_id, shuffle_id).map_err(to_msg)?;
+        if shuffle.is_committed() {
+            return Err(to_msg((
+                ErrorCode::ShuffleCommitted,
+                format!("shuffle {shuffle_id} of {app_id} is committed; pushes are refused"),
+            )));
+        }
+        if self.storage.choose(None).is_none() {
+            return Err(to_msg((
+                ErrorCode::StorageUnavailable,
+                "every data directory is out of service".into(),
+            )));
+        }
+        match self.budget.try_reserve(body_len as u64) {
+            Some(r) => Ok(r),
+            None => {
+                self.stats.busy_replies.fetch_add(1, Ordering::Relaxed);
+                self.relieve_pressure();
+                Err(Message::Busy(Busy { backoff_ms: self.config.busy_backoff_ms }))
+            }
+        }
+    }
+
+    /// Handles one request (after admission).
+    pub async fn dispatch(
+        self: Arc<Self>,
+        conn_id: u64,
+        msg: Message,
+        body: Bytes,
+        reservation: Option<Reservation>,
+    ) -> Response {
+        let result = match msg {
+            Message::Ping(_) => Ok(Response::msg(Pong {})),
+            Message::Push(p) => {
+                let sections = [(p.partition_id, 0usize, body.len())];
+                self.push(&p.app_id, p.shuffle_id, &sections, body, reservation)
+            }
+            Message::PushMerged(p) => {
+                let sections: Vec<_> = p
+                    .entries
+                    .iter()
+                    .map(|s| (s.partition_id, s.offset as usize, s.length as usize))
+                    .collect();
+                self.push(&p.app_id, p.shuffle_id, &sections, body, reservation)
+            }
+            Message::MapperEnd(m) => self.mapper_end(m),
+            Message::RegisterApp(r) => Ok(self.touch_app(&r.app_id)),
+            Message::AppHeartbeat(r) => Ok(self.touch_app(&r.app_id)),
+            Message::UnregisterApp(r) => Ok(self.remove_app(&r.app_id, "unregistered")),
+            Message::RegisterShuffle(r) => self.register_shuffle(r),
+            Message::UnregisterShuffle(r) => self.unregister_shuffle(&r.app_id, r.shuffle_id),
+            Message::CommitShuffle(c) => self.commit(&c.app_id, c.shuffle_id).await,
+            Message::OpenStream(o) => self.open_stream(conn_id, o),
+            Message::FetchChunk(f) => self.fetch_chunk(f),
+            Message::CloseStream(c) => {
+                self.streams.lock().remove(&c.stream_id);
+                Ok(Response::msg(OkMsg {}))
+            }
+            other => fail(
+                ErrorCode::InvalidRequest,
+                format!("a server does not take {}", other.msg_type().name()),
+            ),
+        };
+        result.unwrap_or_else(|(code, text)| {
+            tracing::debug!(%code, %text, "request failed");
+            self.stats.errors.fetch_add(1, Ordering::Relaxed);
+            Response::msg(Message::error(code, text))
+        })
+    }
+
+    fn push(
+        &self,
+        app_id: &str,
+        shuffle_id: u32,
+        sections: &[(u32, usize, usize)],
+        body: Bytes,
+        reservation: Option<Reservation>,
+    ) -> Result<Response, Failure> {
+        let shuffle = self.shuffle(app_id, shuffle_id)?;
+        let nparts = shuffle.partitions.len() as u32;
+        // Check every section before storing any: a bad batch rejects the whole push.
+        let mut maps_of = Vec::with_capacity(sections.len());
+        for &(pid, off, len) in sections {
+            if pid >= nparts {
+                return fail(
+                    ErrorCode::InvalidRequest,
+                    format!("partition {pid} of a {nparts}-partition shuffle"),
+                );
+            }
+            let mut maps = Vec::new();
+            validate_batches(&body[off..off + len], |h| {
+                if maps.last() != Some(&h.map_id) {
+                    maps.push(h.map_id)
+                }
+            })
+            .map_err(|e| (e.code(), e.to_string()))?;
+            maps_of.push(maps);
+        }
+        let reservation = reservation.map(Arc::new);
+        for (&(pid, off, len), maps) in sections.iter().zip(maps_of) {
+            let mut p = shuffle.partitions[pid as usize].lock();
+            if shuffle.is_committed() {
+                return fail(
+                    ErrorCode::ShuffleCommitted,
+                    format!("shuffle {shuffle_id} of {app_id} is committed"),
+                );
+            }
+            if let Some(why) = &p.lost {
+                return fail(
+                    ErrorCode::StorageFailed,
+                    format!("partition {pid} cannot be stored: {why}"),
+                );
+            }
+            p.buffer.slices.push(body.slice(off..off + len));
+            if let Some(r) = &reservation {
+                p.buffer.reservations.push(r.clone());
+            }
+            p.buffer.maps.extend(maps);
+            p.buffer.bytes += len as u64;
+            p.accepted_bytes += len as u64;
+            if p.buffer.bytes >= self.config.chunk_bytes {
+                self.submit_flush(&shuffle, pid, &mut p)?;
+            }
+        }
+        self.stats.push_requests.fetch_add(1, Ordering::Relaxed);
+        self.stats.pushed_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+        if self.budget.pressure() != Pressure::Normal {
+            self.relieve_pressure();
+        }
+        Ok(Response::msg(PushAck {}))
+    }
+
+    fn submit_flush(
+        &self,
+        shuffle: &Arc<Shuffle>,
+        pid: u32,
+        p: &mut crate::shuffle::Partition,
+    ) -> Result<(), Failure> {
+        let pending = p.buffer.bytes;
+        match self.flushers.submit(shuffle, pid, p) {
+            Ok(_) => {
+                self.flushing_bytes.fetch_add(pending, Ordering::AcqRel);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(app = %shuffle.app_id, shuffle = shuffle.shuffle_id, partition = pid, "{e}");
+                p.lost.get_or_insert(e.to_string());
+                fail(ErrorCode::StorageUnavailable, e.to_string())
+            }
+        }
+    }
+
+    /// Above the flush watermark: hand the largest buffers to the flushers until what stays in
+    /// memory (and is not already being flushed) is back under the resume watermark.
+    pub fn relieve_pressure(&self) {
+        if self.relieving.swap(true, Ordering::AcqRel) {
+            return; // someone else is at it
+        }
+        let used = self.budget.used();
+        let flushing = self.flushing_bytes.load(Ordering::Acquire);
+        let mut need = (used.saturating_sub(flushing)).saturating_sub(self.budget.resume_at());
+        if used >= self.budget.flush_at() && need > 0 {
+            let mut candidates = Vec::new();
+            for app in self.apps.lock().values() {
+                for s in app.shuffles.lock().values() {
+                    for (pid, p) in s.partitions.iter().enumerate() {
+                        let bytes = p.lock().buffer.bytes;
+                        if bytes > 0 {
+                            candidates.push((bytes, s.clone(), pid as u32));
+                        }
+                    }
+                }
+            }
+            candidates.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+            for (_, s, pid) in candidates {
+                if need == 0 {
+                    break;
+                }
+                let mut p = s.partitions[pid as usize].lock();
+                let bytes = p.buffer.bytes;
+                if self.submit_flush(&s, pid, &mut p).is_ok() {
+                    need = need.saturating_sub(bytes);
+                }
+            }
+        }
+        self.relieving.store(false, Ordering::Release);
+    }
+
+    fn mapper_end(&self, m: MapperEnd) -> Result<Response, Failure> {
+        let shuffle = self.shuffle(&m.app_id, m.shuffle_id)?;
+        if m.map_id >= shuffle.num_maps {
+            return fail(
+                ErrorCode::InvalidRequest,
+                format!("map {} of a {}-map shuffle", m.map_id, shuffle.num_maps),
+            );
+        }
+        let known = shuffle.maps.lock().get(&m.map_id).map(|e| e.attempt_id);
+        let winner = match known {
+            Some(w) => w,
+            None if shuffle.is_committed() => {
+                return fail(
+                    ErrorCode::ShuffleCommitted,
+                    format!("map {} ended after the commit", m.map_id),
+                )
+            }
+            None => {
+                let counts: Vec<_> =
+                    m.batch_counts.iter().map(|c| (c.partition_id, c.batches)).collect();
+                shuffle.mapper_end(m.map_id, m.attempt_id, &counts)
+            }
+        };
+        Ok(Response::msg(MapperEndResult { winning_attempt: winner }))
+    }
+
+    fn touch_app(&self, app_id: &str) -> Response {
+        self.apps.lock().entry(app_id.to_owned()).or_default().touch();
+        Response::msg(OkMsg {})
+    }
+
+    fn remove_app(&self, app_id: &str, why: &str) -> Response {
+        if let Some(app) = self.apps.lock().remove(app_id) {
+            let shuffles: Vec<_> = app.shuffles.lock().drain().map(|(_, s)| s).collect();
+            tracing::info!(
+                app = app_id,
+                shuffles = shuffles.len(),
+                "application {why}; deleting its data"
+            );
+            for s in shuffles {
+                s.delete_files(self.storage.dirs());
+            }
+        }
+        Response::msg(OkMsg {})
+    }
+
+    fn register_shuffle(&self, r: RegisterShuffle) -> Result<Response, Failure> {
+        let app = self.apps.lock().entry(r.app_id.clone()).or_default().clone();
+        app.touch();
+        let mut shuffles = app.shuffles.lock();
+        if let Some(s) = shuffles.get(&r.shuffle_id) {
+            if s.partitions.len() as u32 != r.num_partitions || s.num_maps != r.num_maps {
+                return fail(
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "shuffle {} of {} is already registered with other sizes",
+                        r.shuffle_id, r.app_id
+                    ),
+                );
+            }
+        } else {
+            shuffles.insert(
+                r.shuffle_id,
+                Shuffle::new(&r.app_id, r.shuffle_id, r.num_maps, r.num_partitions),
+            );
+        }
+        Ok(Response::msg(OkMsg {}))
+    }
+
+    fn unregister_shuffle(&self, app_id: &str, shuffle_id: u32) -> Result<Response, Failure> {
+        let app = self.app(app_id)?;
+        let removed = app.shuffles.lock().remove(&shuffle_id);
+        if let Some(s) = removed {
+            s.delete_files(self.storage.dirs());
+        }
+        Ok(Response::msg(OkMsg {}))
+    }
+
+    /// Seals a shuffle: refuse pushes, flush every buffer, wait for the flushers, report sizes.
+    async fn commit(&self, app_id: &str, shuffle_id: u32) -> Result<Response, Failure> {
+        let shuffle = self.shuffle(app_id, shuffle_id)?;
+        shuffle.committed.store(true, Ordering::Release);
+        for (pid, p) in shuffle.partitions.iter().enumerate() {
+            let mut p = p.lock();
+            // A failure marks the partition lost; readers of it get DATA_LOST.
+            let _ = self.submit_flush(&shuffle, pid as u32, &mut p);
+        }
+        loop {
+            let flushed = shuffle.flushed.notified();
+            if shuffle.inflight_flushes.load(Ordering::Acquire) == 0 {
+                break;
+            }
+            flushed.await;
+        }
+        let mut partitions = Vec::new();
+        for (pid, p) in shuffle.partitions.iter().enumerate() {
+            let p = p.lock();
+            if let Some(why) = &p.lost {
+                return fail(ErrorCode::StorageFailed, format!("partition {pid} lost: {why}"));
+            }
+            let bytes: u64 = p.chunks.iter().map(|c| c.len).sum();
+            if bytes > 0 {
+                partitions.push(PartitionSize { partition: pid as u32, bytes });
+            }
+        }
+        self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        Ok(Response::msg(CommitResult { shuffle_id, partitions }))
+    }
+
+    fn open_stream(&self, conn_id: u64, o: OpenStream) -> Result<Response, Failure> {
+        let shuffle = self.shuffle(&o.app_id, o.shuffle_id)?;
+        if !shuffle.is_committed() {
+            return fail(
+                ErrorCode::ShuffleNotCommitted,
+                format!("shuffle {} of {} is not committed yet", o.shuffle_id, o.app_id),
+            );
+        }
+        let Some(p) = shuffle.partitions.get(o.partition_id as usize) else {
+            return fail(
+                ErrorCode::InvalidRequest,
+                format!("partition {} does not exist", o.partition_id),
+            );
+        };
+        let chunks: Vec<Chunk> = {
+            let p = p.lock();
+            if let Some(why) = &p.lost {
+                return fail(
+                    ErrorCode::DataLost,
+                    format!("partition {} lost: {why}", o.partition_id),
+                );
+            }
+            p.chunks.iter().filter(|c| c.has_map_in(o.map_start, o.map_end)).cloned().collect()
+        };
+        let mut committed: Vec<CommittedMap> = shuffle
+            .maps
+            .lock()
+            .iter()
+            .filter(|(m, _)| (o.map_start..o.map_end).contains(*m))
+            .filter_map(|(m, e)| {
+                let batches = *e.batches.get(&o.partition_id)?;
+                (batches > 0).then_some(CommittedMap {
+                    map_id: *m,
+                    attempt_id: e.attempt_id,
+                    batches,
+                })
+            })
+            .collect();
+        committed.sort_unstable_by_key(|c| c.map_id);
+        let stream_id = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        let chunk_lengths = chunks.iter().map(|c| c.len as u32).collect();
+        self.streams.lock().insert(stream_id, Stream { conn_id, chunks });
+        self.stats.streams_opened.fetch_add(1, Ordering::Relaxed);
+        Ok(Response::msg(StreamHandle { stream_id, chunk_lengths, committed }))
+    }
+
+    fn fetch_chunk(&self, f: FetchChunk) -> Result<Response, Failure> {
+        let streams = self.streams.lock();
+        let Some(s) = streams.get(&f.stream_id) else {
+            return fail(ErrorCode::UnknownStream, format!("stream {} is not open", f.stream_id));
+        };
+        let Some(c) = s.chunks.get(f.chunk_index as usize) else {
+            return fail(
+                ErrorCode::ChunkOutOfRange,
+                format!("chunk {} of {}", f.chunk_index, s.chunks.len()),
+            );
+        };
+        self.stats.fetched_chunks.fetch_add(1, Ordering::Relaxed);
+        self.stats.fetched_bytes.fetch_add(c.len, Ordering::Relaxed);
+        Ok(Response {
+            message: ChunkData { stream_id: f.stream_id, chunk_index: f.chunk_index }.into(),
+            body: Body::File(FileRegion { file: c.file.clone(), offset: c.offset, len: c.len }),
+        })
+    }
+
+    /// Drops the streams a closed connection left open.
+    pub fn connection_closed(&self, conn_id: u64) {
+        self.streams.lock().retain(|_, s| s.conn_id != conn_id);
+    }
+
+    /// Expires applications whose heartbeats stopped.
+    pub fn expire_apps(&self) {
+        let limit = Duration::from_millis(self.config.app_expiry_ms);
+        let now = Instant::now();
+        let expired: Vec<String> = self
+            .apps
+            .lock()
+            .iter()
+            .filter(|(_, a)| now.duration_since(*a.last_seen.lock()) > limit)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in expired {
+            self.stats.apps_expired.fetch_add(1, Ordering::Relaxed);
+            self.remove_app(&id, "expired (no heartbeat)");
+        }
+    }
+
+    /// Partitions of all shuffles held (for heartbeats).
+    pub fn partitions_held(&self) -> u32 {
+        self.apps
+            .lock()
+            .values()
+            .map(|a| a.shuffles.lock().values().map(|s| s.partitions.len() as u32).sum::<u32>())
+            .sum()
+    }
+}

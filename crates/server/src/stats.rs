@@ -1,0 +1,48 @@
+//! Server counters, exported as Prometheus text (`sluice_server_<what>_<unit>`).
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Monotonic counters of a server.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub push_requests: AtomicU64,
+    pub pushed_bytes: AtomicU64,
+    pub busy_replies: AtomicU64,
+    pub flushed_bytes: AtomicU64,
+    pub commits: AtomicU64,
+    pub streams_opened: AtomicU64,
+    pub fetched_chunks: AtomicU64,
+    pub fetched_bytes: AtomicU64,
+    pub errors: AtomicU64,
+    pub apps_expired: AtomicU64,
+}
+
+impl Stats {
+    /// `(metric name, value)` for every counter.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        vec![
+            ("sluice_server_push_requests_total", g(&self.push_requests)),
+            ("sluice_server_pushed_bytes_total", g(&self.pushed_bytes)),
+            ("sluice_server_busy_replies_total", g(&self.busy_replies)),
+            ("sluice_server_flushed_bytes_total", g(&self.flushed_bytes)),
+            ("sluice_server_commits_total", g(&self.commits)),
+            ("sluice_server_streams_opened_total", g(&self.streams_opened)),
+            ("sluice_server_fetched_chunks_total", g(&self.fetched_chunks)),
+            ("sluice_server_fetched_bytes_total", g(&self.fetched_bytes)),
+            ("sluice_server_request_errors_total", g(&self.errors)),
+            ("sluice_server_apps_expired_total", g(&self.apps_expired)),
+        ]
+    }
+
+    /// Prometheus text exposition of the counters plus `extra` gauges.
+    pub fn prometheus(&self, extra: &[(&str, u64)]) -> String {
+        let mut out = String::new();
+        for (name, v) in self.snapshot().into_iter().chain(extra.iter().copied()) {
+            let kind = if name.ends_with("_total") { "counter" } else { "gauge" };
+            let _ = writeln!(out, "# TYPE {name} {kind}\n{name} {v}");
+        }
+        out
+    }
+}
