@@ -1,0 +1,114 @@
+//! What follows a frame's fields: nothing, bytes in memory, or a region of a file that the
+//! writer sends with `sendfile(2)` without reading it into user space.
+
+use std::fs::File;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::error::TransportError;
+use crate::sys;
+
+/// A byte range of an open file, sent as a frame body straight from the page cache.
+///
+/// The file is shared (`Arc`): the writer holds it until the region is sent, so the caller may
+/// drop its handle at once.
+#[derive(Debug, Clone)]
+pub struct FileRegion {
+    /// The open file (read access is enough).
+    pub file: Arc<File>,
+    /// First byte of the region.
+    pub offset: u64,
+    /// Bytes in the region.
+    pub len: u64,
+}
+
+impl FileRegion {
+    /// A region of `file`.
+    pub fn new(file: Arc<File>, offset: u64, len: u64) -> Self {
+        FileRegion { file, offset, len }
+    }
+
+    /// Checks (with `fstat`) that the file still holds the whole region. A shorter file would make
+    /// `sendfile` stop early after the frame header has gone out, breaking the stream.
+    pub fn check_len(&self) -> Result<(), TransportError> {
+        let file_len = sys::file_len(&self.file)?;
+        match self.offset.checked_add(self.len) {
+            Some(end) if end <= file_len => Ok(()),
+            _ => {
+                Err(TransportError::FileTruncated { offset: self.offset, len: self.len, file_len })
+            }
+        }
+    }
+
+    /// Asks the kernel to start reading the region into the page cache (`posix_fadvise` with
+    /// `WILLNEED`). It only queues read-ahead and returns, so it is cheap on an async worker; it
+    /// keeps the later `sendfile` — which runs on the async worker and would block it on a
+    /// page-cache miss — from waiting on the disk in the common case. Advisory: errors are
+    /// ignored.
+    pub fn will_need(&self) {
+        sys::fadvise_willneed(&self.file, self.offset, self.len);
+    }
+}
+
+/// A frame body.
+#[derive(Debug, Clone, Default)]
+pub enum Body {
+    /// No body.
+    #[default]
+    Empty,
+    /// Bytes in memory, sent with `writev` beside the frame head (never copied into it).
+    Memory(Bytes),
+    /// A file region, sent with `sendfile` (or the copy path when zero copy is off).
+    File(FileRegion),
+}
+
+impl Body {
+    /// Body length in bytes.
+    pub fn len(&self) -> u64 {
+        match self {
+            Body::Empty => 0,
+            Body::Memory(b) => b.len() as u64,
+            Body::File(r) => r.len,
+        }
+    }
+
+    /// Whether the body has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl From<Bytes> for Body {
+    fn from(b: Bytes) -> Body {
+        if b.is_empty() {
+            Body::Empty
+        } else {
+            Body::Memory(b)
+        }
+    }
+}
+
+impl From<FileRegion> for Body {
+    fn from(r: FileRegion) -> Body {
+        Body::File(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn check_len_detects_short_files() {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&[7u8; 100]).unwrap();
+        let f = Arc::new(f);
+        FileRegion::new(f.clone(), 0, 100).check_len().unwrap();
+        FileRegion::new(f.clone(), 90, 10).check_len().unwrap();
+        let e = FileRegion::new(f.clone(), 90, 11).check_len().unwrap_err();
+        assert!(matches!(e, TransportError::FileTruncated { file_len: 100, .. }));
+        assert!(FileRegion::new(f, u64::MAX, 2).check_len().is_err());
+    }
+}

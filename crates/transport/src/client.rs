@@ -1,0 +1,364 @@
+//! The connecting side: one handshaked [`Connection`] multiplexes many requests by request id.
+//! A writer task sends (the same writer as the server's: `writev`, `sendfile`, watermarks), a
+//! reader task matches responses to the pending table, and when the connection is lost every
+//! pending request fails at once.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use sluice_proto::frame::{HANDSHAKE_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES};
+use sluice_proto::message::{Handshake, Pong, FEATURE_CRC32C, MAGIC, PROTOCOL_VERSION};
+use sluice_proto::{encode_frame, ErrorCode, Message};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpSocket;
+use tokio::sync::oneshot;
+use tokio::task::AbortHandle;
+use tracing::Instrument;
+
+use crate::body::Body;
+use crate::codec::FrameReader;
+use crate::config::ClientConfig;
+use crate::error::TransportError;
+use crate::outbound::{millis, OutFrame, Outbound, WriterOptions};
+use crate::socket::configure;
+use crate::stats::TransportStats;
+
+/// A response: any message but `Error` (which becomes [`TransportError::Remote`]); `Busy` and
+/// the like are replies too.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub message: Message,
+    pub body: Bytes,
+}
+
+type Waiter = oneshot::Sender<Result<Reply, TransportError>>;
+
+#[derive(Default)]
+struct Pending {
+    waiters: HashMap<u32, Waiter>,
+    next_id: u32,
+    /// Set once: why the connection is closed.
+    closed: Option<String>,
+}
+
+struct Shared {
+    pending: Mutex<Pending>,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn register(
+        &self,
+    ) -> Result<(u32, oneshot::Receiver<Result<Reply, TransportError>>), TransportError> {
+        let mut p = self.lock();
+        if let Some(reason) = &p.closed {
+            return Err(TransportError::Closed(reason.clone()));
+        }
+        // A wrapping counter, skipping ids still in flight.
+        let mut id = p.next_id;
+        while p.waiters.contains_key(&id) {
+            id = id.wrapping_add(1);
+        }
+        p.next_id = id.wrapping_add(1);
+        let (tx, rx) = oneshot::channel();
+        p.waiters.insert(id, tx);
+        Ok((id, rx))
+    }
+
+    /// Marks the connection closed and fails every pending request with `reason`.
+    fn fail_all(&self, reason: String) {
+        let waiters = {
+            let mut p = self.lock();
+            if p.closed.is_none() {
+                p.closed = Some(reason);
+            }
+            std::mem::take(&mut p.waiters)
+        };
+        let reason = self.lock().closed.clone().unwrap_or_default();
+        for (_, w) in waiters {
+            let _ = w.send(Err(TransportError::Closed(reason.clone())));
+        }
+    }
+}
+
+/// Removes a request's pending entry if the request is dropped (timed out or cancelled).
+struct PendingGuard<'a> {
+    shared: &'a Shared,
+    id: u32,
+    armed: bool,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shared.lock().waiters.remove(&self.id);
+        }
+    }
+}
+
+/// One handshaked connection to a server.
+pub struct Connection {
+    shared: Arc<Shared>,
+    outbound: Outbound,
+    reader: AbortHandle,
+    peer: SocketAddr,
+    max_frame_bytes: u32,
+    request_timeout: Option<Duration>,
+    stats: Arc<TransportStats>,
+}
+
+impl Connection {
+    /// Connects to `addr` and completes the handshake, within `connect_timeout_ms`.
+    pub async fn connect(
+        addr: SocketAddr,
+        cfg: &ClientConfig,
+    ) -> Result<Connection, TransportError> {
+        Self::connect_with_stats(addr, cfg, Arc::new(TransportStats::default())).await
+    }
+
+    /// [`Connection::connect`], counting into `stats` (shared, e.g., by a [`crate::Pool`]).
+    pub async fn connect_with_stats(
+        addr: SocketAddr,
+        cfg: &ClientConfig,
+        stats: Arc<TransportStats>,
+    ) -> Result<Connection, TransportError> {
+        cfg.validate()?;
+        let t = Duration::from_millis(cfg.connect_timeout_ms);
+        match tokio::time::timeout(t, Self::open(addr, cfg, stats)).await {
+            Ok(r) => r,
+            Err(_) => Err(TransportError::Timeout {
+                what: "connect and handshake",
+                after_ms: cfg.connect_timeout_ms,
+            }),
+        }
+    }
+
+    async fn open(
+        addr: SocketAddr,
+        cfg: &ClientConfig,
+        stats: Arc<TransportStats>,
+    ) -> Result<Connection, TransportError> {
+        let connect_err = |source| TransportError::Connect { addr, source };
+        let socket = if addr.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }
+            .map_err(connect_err)?;
+        // Buffer sizes before connect, so the window scale of the SYN matches them.
+        if let Some(n) = cfg.send_buffer_bytes {
+            socket
+                .set_send_buffer_size(u32::try_from(n).unwrap_or(u32::MAX))
+                .map_err(connect_err)?;
+        }
+        if let Some(n) = cfg.recv_buffer_bytes {
+            socket
+                .set_recv_buffer_size(u32::try_from(n).unwrap_or(u32::MAX))
+                .map_err(connect_err)?;
+        }
+        let stream = socket.connect(addr).await.map_err(connect_err)?;
+        configure(&stream, cfg.tcp_nodelay, None, None)?;
+        let idle = millis(cfg.idle_timeout_ms);
+        let (rd, mut wr) = stream.into_split();
+
+        let hs = Handshake {
+            magic: MAGIC,
+            version: PROTOCOL_VERSION,
+            features: FEATURE_CRC32C,
+            max_frame_bytes: cfg.max_frame_bytes,
+            app_id: cfg.app_id.clone(),
+            secret: cfg.secret.clone(),
+        };
+        wr.write_all(&encode_frame(0, &Message::Handshake(hs), &[])).await?;
+        let mut reader = FrameReader::new(rd, HANDSHAKE_MAX_FRAME_BYTES, idle);
+        let max_frame_bytes = match reader.read_head().await? {
+            Some((_, Message::HandshakeOk(ok))) => {
+                if !(MIN_MAX_FRAME_BYTES..=cfg.max_frame_bytes).contains(&ok.max_frame_bytes) {
+                    return Err(TransportError::Violation(format!(
+                        "server chose max_frame_bytes {} outside {MIN_MAX_FRAME_BYTES}..={}",
+                        ok.max_frame_bytes, cfg.max_frame_bytes
+                    )));
+                }
+                ok.max_frame_bytes
+            }
+            Some((_, Message::Error(e))) => return Err(remote(e)),
+            Some((_, other)) => {
+                return Err(TransportError::Violation(format!(
+                    "{} in reply to a Handshake",
+                    other.msg_type().name()
+                )))
+            }
+            None => {
+                return Err(TransportError::Closed(
+                    "server closed the connection during the handshake".into(),
+                ))
+            }
+        };
+        reader.max_frame_bytes = max_frame_bytes;
+        TransportStats::add(&stats.connections_accepted, 1);
+        TransportStats::add(&stats.connections_open, 1);
+
+        let shared = Arc::new(Shared { pending: Mutex::new(Pending::default()) });
+        let (outbound, writer) = Outbound::start(wr, WriterOptions::from(cfg), stats.clone());
+        let span = tracing::info_span!("client_conn", %addr);
+        let reader_task = tokio::spawn(
+            read_loop(reader, shared.clone(), outbound.clone(), stats.clone())
+                .instrument(span.clone()),
+        );
+        let reader_abort = reader_task.abort_handle();
+        let reader_abort_on_drop = reader_task.abort_handle();
+        let (s, st) = (shared.clone(), stats.clone());
+        tokio::spawn(
+            async move {
+                // Whichever of reader and writer ends first ends the connection.
+                let reason = tokio::select! {
+                    w = writer => match w {
+                        Ok(Ok(())) => "connection closed".to_string(),
+                        Ok(Err(e)) => format!("write failed: {e}"),
+                        Err(e) => format!("writer task: {e}"),
+                    },
+                    r = reader_task => match r {
+                        Ok(reason) => reason,
+                        Err(e) => format!("reader task: {e}"),
+                    },
+                };
+                tracing::debug!(%reason, "connection ended");
+                reader_abort.abort();
+                s.fail_all(reason);
+                TransportStats::sub(&st.connections_open, 1);
+            }
+            .instrument(span),
+        );
+        Ok(Connection {
+            shared,
+            outbound,
+            reader: reader_abort_on_drop,
+            peer: addr,
+            max_frame_bytes,
+            request_timeout: millis(cfg.request_timeout_ms),
+            stats,
+        })
+    }
+
+    /// Sends a request and waits for its response, within `request_timeout_ms` (counted from
+    /// the call, so time spent waiting at the outbound watermark counts too). An `Error`
+    /// response is `Err(Remote)`.
+    pub async fn request(&self, message: Message, body: Body) -> Result<Reply, TransportError> {
+        match self.request_timeout {
+            None => self.request_inner(message, body).await,
+            Some(t) => match tokio::time::timeout(t, self.request_inner(message, body)).await {
+                Ok(r) => r,
+                Err(_) => {
+                    Err(TransportError::Timeout { what: "request", after_ms: t.as_millis() as u64 })
+                }
+            },
+        }
+    }
+
+    async fn request_inner(&self, message: Message, body: Body) -> Result<Reply, TransportError> {
+        let (id, rx) = self.shared.register()?;
+        let mut guard = PendingGuard { shared: &self.shared, id, armed: true };
+        let frame = OutFrame::new(id, &message, body, self.max_frame_bytes)?;
+        self.outbound.send(frame).await?;
+        let reply = rx.await.map_err(|_| TransportError::Closed("connection dropped".into()))?;
+        guard.armed = false;
+        reply
+    }
+
+    /// Whether the connection is closed (requests on it fail at once).
+    pub fn is_closed(&self) -> bool {
+        self.shared.lock().closed.is_some() || self.outbound.is_closed()
+    }
+
+    /// The server's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// The negotiated frame size limit.
+    pub fn max_frame_bytes(&self) -> u32 {
+        self.max_frame_bytes
+    }
+
+    /// Counters of this connection (shared with its pool, if any).
+    pub fn stats(&self) -> &Arc<TransportStats> {
+        &self.stats
+    }
+
+    /// Requests waiting for a response.
+    pub fn pending_requests(&self) -> usize {
+        self.shared.lock().waiters.len()
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // Queued frames still go out; then the writer ends, which ends the connection.
+        self.outbound.close();
+        self.reader.abort();
+    }
+}
+
+fn remote(e: sluice_proto::message::ErrorMsg) -> TransportError {
+    let code = ErrorCode::from_u16(e.code).unwrap_or(ErrorCode::Internal);
+    TransportError::Remote { code, message: e.message }
+}
+
+/// Matches responses to pending requests until the connection ends; returns why it ended.
+async fn read_loop(
+    mut reader: FrameReader,
+    shared: Arc<Shared>,
+    outbound: Outbound,
+    stats: Arc<TransportStats>,
+) -> String {
+    let mut fatal: Option<String> = None;
+    loop {
+        let (h, message) = match reader.read_head().await {
+            Ok(Some(x)) => x,
+            Ok(None) => {
+                return match fatal {
+                    Some(f) => format!("server closed the connection after a fatal error: {f}"),
+                    None => "server closed the connection".into(),
+                }
+            }
+            Err(e) => return format!("read failed: {e}"),
+        };
+        let body = match reader.read_body(h.body_len()).await {
+            Ok(b) => b,
+            Err(e) => return format!("read failed: {e}"),
+        };
+        TransportStats::add(&stats.frames_received, 1);
+        let result = match message {
+            Message::Ping(_) => {
+                if let Ok(f) = OutFrame::new(
+                    h.request_id,
+                    &Message::Pong(Pong {}),
+                    Body::Empty,
+                    reader.max_frame_bytes,
+                ) {
+                    let _ = outbound.send_now(f);
+                }
+                continue;
+            }
+            Message::Error(e) => {
+                if ErrorCode::from_u16(e.code).is_some_and(|c| c.is_fatal()) {
+                    fatal = Some(format!("{} {}", e.code, e.message));
+                }
+                Err(remote(e))
+            }
+            message => Ok(Reply { message, body }),
+        };
+        let waiter = shared.lock().waiters.remove(&h.request_id);
+        match waiter {
+            Some(w) => {
+                let _ = w.send(result);
+            }
+            None => tracing::debug!(
+                request_id = h.request_id,
+                "response to no pending request (timed out?)"
+            ),
+        }
+    }
+}

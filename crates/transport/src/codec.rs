@@ -1,0 +1,165 @@
+//! Turns the read half of a socket into frames: header and fields first (so the receiver can
+//! decide about the body — reserve memory, or refuse it), then exactly the body.
+
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use sluice_proto::frame::Header;
+use sluice_proto::{Message, HEADER_LEN};
+use tokio::io::AsyncReadExt;
+use tokio::net::tcp::OwnedReadHalf;
+
+use crate::error::TransportError;
+
+/// Bytes asked of the socket per read while looking for a frame head.
+const READ_CHUNK: usize = 64 << 10;
+/// Scratch size for discarding a refused body.
+const DISCARD_CHUNK: usize = 64 << 10;
+
+/// Reads frames from one connection.
+pub struct FrameReader {
+    rd: OwnedReadHalf,
+    /// Bytes read but not yet consumed: at most one frame head plus whatever followed it.
+    buf: BytesMut,
+    /// Frames longer than this are refused (`FRAME_TOO_LARGE`).
+    pub max_frame_bytes: u32,
+    /// A frame that stops arriving half-way for this long is an error; the wait for the next
+    /// frame's first byte is not limited.
+    idle_timeout: Option<Duration>,
+    scratch: Vec<u8>,
+}
+
+impl FrameReader {
+    /// A reader over `rd` accepting frames up to `max_frame_bytes`.
+    pub fn new(rd: OwnedReadHalf, max_frame_bytes: u32, idle_timeout: Option<Duration>) -> Self {
+        FrameReader {
+            rd,
+            buf: BytesMut::with_capacity(READ_CHUNK),
+            max_frame_bytes,
+            idle_timeout,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Reads the next frame's header and fields, leaving its body unread. `Ok(None)` when the
+    /// peer closed the connection between frames. A decoding error is the peer's fault and
+    /// leaves the connection unusable.
+    pub async fn read_head(&mut self) -> Result<Option<(Header, Message)>, TransportError> {
+        loop {
+            if let Some(h) = Header::decode(&self.buf, self.max_frame_bytes)? {
+                let head_len = HEADER_LEN + h.fields_len as usize;
+                if self.buf.len() >= head_len {
+                    let message = Message::decode(h.msg_type(), &self.buf[HEADER_LEN..head_len])?;
+                    message.validate_body(h.body_len() as usize)?;
+                    self.buf.advance(head_len);
+                    return Ok(Some((h, message)));
+                }
+            }
+            let idle = !self.buf.is_empty();
+            self.buf.reserve(READ_CHUNK);
+            if self.fill(idle).await? == 0 {
+                return match self.buf.is_empty() {
+                    true => Ok(None),
+                    false => {
+                        Err(TransportError::Closed("peer closed the connection mid-frame".into()))
+                    }
+                };
+            }
+        }
+    }
+
+    /// The request id of the frame at the front of the buffer, when its header bytes are here
+    /// (to answer a frame that failed to decode).
+    pub fn front_request_id(&self) -> u32 {
+        match self.buf.get(5..9) {
+            Some(b) => u32::from_be_bytes([b[0], b[1], b[2], b[3]]),
+            None => 0,
+        }
+    }
+
+    /// Reads exactly `len` body bytes into a buffer of exactly that size (never a view into a
+    /// larger read buffer, so what the body holds is what was reserved for it).
+    pub async fn read_body(&mut self, len: u32) -> Result<Bytes, TransportError> {
+        let len = len as usize;
+        if len == 0 {
+            return Ok(Bytes::new());
+        }
+        let have = self.buf.len().min(len);
+        if have == len {
+            let body = Bytes::copy_from_slice(&self.buf[..len]);
+            self.buf.advance(len);
+            return Ok(body);
+        }
+        let mut body = BytesMut::with_capacity(len);
+        body.extend_from_slice(&self.buf[..have]);
+        self.buf.advance(have);
+        while body.len() < len {
+            // `read_buf` fills only the spare capacity, so this never reads past the body.
+            let n = with_idle(self.idle_timeout, self.rd.read_buf(&mut body)).await?;
+            if n == 0 {
+                return Err(TransportError::Closed("peer closed the connection mid-body".into()));
+            }
+        }
+        Ok(body.freeze())
+    }
+
+    /// Reads and drops `len` body bytes through a bounded scratch buffer.
+    pub async fn discard_body(&mut self, len: u32) -> Result<(), TransportError> {
+        let mut left = len as usize;
+        let have = self.buf.len().min(left);
+        self.buf.advance(have);
+        left -= have;
+        if left > 0 && self.scratch.is_empty() {
+            self.scratch = vec![0; DISCARD_CHUNK];
+        }
+        while left > 0 {
+            let want = left.min(self.scratch.len());
+            let n = with_idle(self.idle_timeout, self.rd.read(&mut self.scratch[..want])).await?;
+            if n == 0 {
+                return Err(TransportError::Closed("peer closed the connection mid-body".into()));
+            }
+            left -= n;
+        }
+        Ok(())
+    }
+
+    /// Reads and drops whatever the peer still sends, for at most `limit` or until it closes:
+    /// called after a fatal error frame, so that closing with unread input (which sends a TCP
+    /// reset) does not destroy the error frame before the peer reads it.
+    pub async fn drain(&mut self, limit: Duration, max_bytes: usize) {
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut total = 0;
+        self.buf.clear();
+        while total < max_bytes {
+            self.buf.reserve(READ_CHUNK);
+            match tokio::time::timeout_at(deadline, self.rd.read_buf(&mut self.buf)).await {
+                Ok(Ok(n)) if n > 0 => {
+                    total += n;
+                    self.buf.clear();
+                }
+                _ => return,
+            }
+        }
+    }
+
+    async fn fill(&mut self, idle: bool) -> Result<usize, TransportError> {
+        let timeout = if idle { self.idle_timeout } else { None };
+        with_idle(timeout, self.rd.read_buf(&mut self.buf)).await
+    }
+}
+
+async fn with_idle<F>(timeout: Option<Duration>, read: F) -> Result<usize, TransportError>
+where
+    F: std::future::Future<Output = std::io::Result<usize>>,
+{
+    match timeout {
+        None => Ok(read.await?),
+        Some(t) => match tokio::time::timeout(t, read).await {
+            Ok(r) => Ok(r?),
+            Err(_) => Err(TransportError::Timeout {
+                what: "peer stalled: read mid-frame",
+                after_ms: t.as_millis() as u64,
+            }),
+        },
+    }
+}

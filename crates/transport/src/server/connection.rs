@@ -1,0 +1,398 @@
+//! One accepted connection: handshake, then the read loop, then an orderly close.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use sluice_proto::frame::{HANDSHAKE_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES};
+use sluice_proto::message::{HandshakeOk, Pong, FEATURE_CRC32C, PROTOCOL_VERSION};
+use sluice_proto::{encode_frame, ErrorCode, Message, MsgType};
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
+use tokio::sync::{watch, Semaphore};
+
+use super::{Admission, ConnInfo, Handler, Request, Response};
+use crate::body::Body;
+use crate::codec::FrameReader;
+use crate::config::ServerConfig;
+use crate::error::TransportError;
+use crate::outbound::{millis, OutFrame, Outbound, WriterOptions};
+use crate::socket::configure;
+use crate::stats::TransportStats;
+
+/// How long we keep reading (and dropping) a peer's bytes after a fatal error frame.
+const LINGER: Duration = Duration::from_secs(1);
+const LINGER_MAX_BYTES: usize = 4 << 20;
+
+/// Why the read loop ended.
+enum End {
+    /// The peer closed between frames.
+    PeerClosed,
+    /// `serve` is shutting down.
+    Shutdown,
+    /// The peer broke the protocol: answer with this error, then close.
+    Fatal { request_id: u32, code: ErrorCode, text: String },
+    /// Reading failed (reset, stalled mid-frame, closed mid-frame).
+    ReadFailed(TransportError),
+    /// The writer stopped with an error (or ended).
+    WriterEnded(Result<(), TransportError>),
+}
+
+/// Keeps the `connections_open` gauge right on every exit path.
+struct OpenGauge(Arc<TransportStats>);
+
+impl Drop for OpenGauge {
+    fn drop(&mut self) {
+        TransportStats::sub(&self.0.connections_open, 1);
+    }
+}
+
+pub(super) async fn run<H: Handler>(
+    stream: TcpStream,
+    id: u64,
+    peer: SocketAddr,
+    handler: Arc<H>,
+    cfg: Arc<ServerConfig>,
+    stats: Arc<TransportStats>,
+    mut stop: watch::Receiver<bool>,
+) {
+    TransportStats::add(&stats.connections_open, 1);
+    let _open = OpenGauge(stats.clone());
+    if let Err(e) =
+        configure(&stream, cfg.tcp_nodelay, cfg.send_buffer_bytes, cfg.recv_buffer_bytes)
+    {
+        tracing::warn!(error = %e, "setting socket options failed");
+    }
+    let idle = millis(cfg.idle_timeout_ms);
+    let (rd, mut wr) = stream.into_split();
+    let mut reader = FrameReader::new(rd, HANDSHAKE_MAX_FRAME_BYTES, idle);
+
+    let handshake = tokio::select! {
+        r = handshake(&mut reader, &cfg, idle, id, peer) => r,
+        _ = stop.wait_for(|s| *s) => return,
+    };
+    let (conn, max_frame, reply) = match handshake {
+        Ok(x) => x,
+        Err(None) => return,
+        Err(Some((request_id, code, text))) => {
+            tracing::info!(%code, %text, "handshake refused");
+            TransportStats::add(&stats.handshakes_failed, 1);
+            let frame = encode_frame(request_id, &Message::error(code, text), &[]);
+            if write_direct(&mut wr, &frame, idle).await.is_ok() {
+                let _ = wr.shutdown().await;
+                reader.drain(LINGER, LINGER_MAX_BYTES).await;
+            }
+            return;
+        }
+    };
+    if let Err(e) = write_direct(&mut wr, &reply, idle).await {
+        tracing::debug!(error = %e, "handshake reply not sent");
+        return;
+    }
+    reader.max_frame_bytes = max_frame;
+    tracing::debug!(app_id = ?conn.app_id, max_frame, "handshake done");
+
+    let (outbound, mut writer) = Outbound::start(wr, WriterOptions::from(&*cfg), stats.clone());
+    let max_inflight = cfg.max_inflight_requests_per_connection;
+    let inflight = Arc::new(Semaphore::new(max_inflight));
+    let end = tokio::select! {
+        end = read_loop(&mut reader, &conn, &handler, &outbound, &inflight, max_frame, &stats) => end,
+        w = &mut writer => End::WriterEnded(w.unwrap_or_else(|e| Err(TransportError::Closed(format!("writer task: {e}"))))),
+        _ = stop.wait_for(|s| *s) => End::Shutdown,
+    };
+
+    let grace = Duration::from_millis(cfg.shutdown_grace_ms);
+    match end {
+        End::PeerClosed | End::Shutdown => {
+            // Let in-flight requests answer, then flush and close.
+            let all = u32::try_from(max_inflight).unwrap_or(u32::MAX);
+            if tokio::time::timeout(grace, inflight.acquire_many(all)).await.is_err() {
+                tracing::warn!("in-flight requests did not finish within the grace period");
+            }
+            outbound.close();
+            finish_writer(writer, grace).await;
+        }
+        End::Fatal { request_id, code, text } => {
+            tracing::info!(%code, %text, "peer broke the protocol; closing");
+            TransportStats::add(&stats.protocol_errors, 1);
+            let _ = outbound.send_now(OutFrame::error(request_id, code, text));
+            outbound.close();
+            finish_writer(writer, grace).await;
+            reader.drain(LINGER, LINGER_MAX_BYTES).await;
+        }
+        End::ReadFailed(e) => {
+            tracing::info!(error = %e, "read failed; closing");
+            outbound.close();
+            finish_writer(writer, grace).await;
+        }
+        End::WriterEnded(r) => {
+            if let Err(e) = r {
+                tracing::info!(error = %e, "write failed; closing");
+            }
+        }
+    }
+    handler.connection_closed(&conn);
+}
+
+async fn finish_writer(
+    writer: tokio::task::JoinHandle<Result<(), TransportError>>,
+    grace: Duration,
+) {
+    match tokio::time::timeout(grace, writer).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => tracing::debug!(error = %e, "writer ended with an error"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "writer task failed"),
+        Err(_) => tracing::warn!("writer did not finish within the grace period"),
+    }
+}
+
+type Refusal = Option<(u32, ErrorCode, String)>;
+
+/// Reads and checks the client's handshake. `Err(None)`: the peer left without a word;
+/// `Err(Some(..))`: refuse with this error.
+async fn handshake(
+    reader: &mut FrameReader,
+    cfg: &ServerConfig,
+    idle: Option<Duration>,
+    id: u64,
+    peer: SocketAddr,
+) -> Result<(Arc<ConnInfo>, u32, bytes::BytesMut), Refusal> {
+    let read = reader.read_head();
+    let head = match idle {
+        Some(t) => match tokio::time::timeout(t, read).await {
+            Ok(r) => r,
+            Err(_) => return Err(None),
+        },
+        None => read.await,
+    };
+    let (h, hs) = match head {
+        Ok(Some((h, Message::Handshake(hs)))) => (h, hs),
+        Ok(Some((h, _))) => {
+            return Err(Some((
+                h.request_id,
+                ErrorCode::ProtocolViolation,
+                "the first frame must be a Handshake".into(),
+            )))
+        }
+        Ok(None) => return Err(None),
+        Err(TransportError::Proto(e)) => {
+            return Err(Some((reader.front_request_id(), e.code(), e.to_string())))
+        }
+        Err(_) => return Err(None),
+    };
+    if let Some(secret) = &cfg.secret {
+        if !constant_time_eq(secret.as_bytes(), hs.secret.as_bytes()) {
+            return Err(Some((
+                h.request_id,
+                ErrorCode::AuthFailed,
+                "wrong or missing application secret".into(),
+            )));
+        }
+    }
+    if hs.max_frame_bytes < MIN_MAX_FRAME_BYTES {
+        return Err(Some((
+            h.request_id,
+            ErrorCode::MalformedFrame,
+            format!(
+                "proposed max_frame_bytes {} is below {MIN_MAX_FRAME_BYTES}",
+                hs.max_frame_bytes
+            ),
+        )));
+    }
+    let max_frame = hs.max_frame_bytes.min(cfg.max_frame_bytes);
+    let ok = HandshakeOk {
+        version: PROTOCOL_VERSION,
+        features: hs.features & FEATURE_CRC32C,
+        max_frame_bytes: max_frame,
+    };
+    let reply = encode_frame(h.request_id, &Message::HandshakeOk(ok), &[]);
+    let app_id = (!hs.app_id.is_empty()).then_some(hs.app_id);
+    Ok((Arc::new(ConnInfo { id, peer, app_id }), max_frame, reply))
+}
+
+/// Compares secrets without an early exit on the first differing byte.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Writes a whole frame before the writer task exists (handshake replies and refusals).
+async fn write_direct(
+    wr: &mut OwnedWriteHalf,
+    frame: &[u8],
+    idle: Option<Duration>,
+) -> Result<(), TransportError> {
+    let write = wr.write_all(frame);
+    match idle {
+        Some(t) => tokio::time::timeout(t, write)
+            .await
+            .map_err(|_| TransportError::Timeout {
+                what: "peer stalled: handshake write",
+                after_ms: t.as_millis() as u64,
+            })?
+            .map_err(Into::into),
+        None => write.await.map_err(Into::into),
+    }
+}
+
+/// Whether a message type only ever travels as a response.
+fn is_response(t: MsgType) -> bool {
+    matches!(
+        t,
+        MsgType::HandshakeOk
+            | MsgType::Error
+            | MsgType::Pong
+            | MsgType::Ok
+            | MsgType::Assignment
+            | MsgType::CommitResult
+            | MsgType::PushAck
+            | MsgType::Busy
+            | MsgType::MapperEndResult
+            | MsgType::StreamHandle
+            | MsgType::ChunkData
+    )
+}
+
+async fn read_loop<H: Handler>(
+    reader: &mut FrameReader,
+    conn: &Arc<ConnInfo>,
+    handler: &Arc<H>,
+    outbound: &Outbound,
+    inflight: &Arc<Semaphore>,
+    max_frame: u32,
+    stats: &Arc<TransportStats>,
+) -> End {
+    loop {
+        // Stop reading while the connection has its fill of requests in flight: the peer then
+        // feels the backpressure through TCP.
+        let permit = inflight
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the in-flight semaphore is never closed");
+        let (h, message) = match reader.read_head().await {
+            Ok(Some(x)) => x,
+            Ok(None) => return End::PeerClosed,
+            Err(TransportError::Proto(e)) => {
+                return End::Fatal {
+                    request_id: reader.front_request_id(),
+                    code: e.code(),
+                    text: e.to_string(),
+                }
+            }
+            Err(e) => return End::ReadFailed(e),
+        };
+        TransportStats::add(&stats.frames_received, 1);
+        let ty = message.msg_type();
+        if ty == MsgType::Handshake {
+            let text = "a second Handshake".to_string();
+            return End::Fatal {
+                request_id: h.request_id,
+                code: ErrorCode::ProtocolViolation,
+                text,
+            };
+        }
+        if is_response(ty) {
+            let text = format!("{} sent as a request", ty.name());
+            return End::Fatal {
+                request_id: h.request_id,
+                code: ErrorCode::ProtocolViolation,
+                text,
+            };
+        }
+        if ty == MsgType::Ping {
+            let pong = OutFrame::new(h.request_id, &Message::Pong(Pong {}), Body::Empty, max_frame);
+            if let Ok(pong) = pong {
+                let _ = outbound.send_now(pong);
+            }
+            continue;
+        }
+        let body_len = h.body_len();
+        match handler.admit(conn, &message, body_len) {
+            Admission::Accept(body_permit) => {
+                let body = match reader.read_body(body_len).await {
+                    Ok(b) => b,
+                    Err(e) => return End::ReadFailed(e),
+                };
+                let request_id = h.request_id;
+                let req = Request { request_id, message, body, permit: body_permit };
+                let fut = CatchUnwind(Box::pin(handler.handle(conn, req)));
+                let outbound = outbound.clone();
+                let stats = stats.clone();
+                tokio::spawn(async move {
+                    let resp = fut.await.unwrap_or_else(|_| {
+                        tracing::error!(request_id, "request handler panicked");
+                        Response::error(ErrorCode::Internal, "request handler panicked")
+                    });
+                    let _ = send_response(&outbound, request_id, resp, max_frame, &stats).await;
+                    drop(permit);
+                });
+            }
+            Admission::Reject(reply) => {
+                if let Err(e) = reader.discard_body(body_len).await {
+                    return End::ReadFailed(e);
+                }
+                TransportStats::add(&stats.bodies_rejected, 1);
+                let resp = Response::msg(reply);
+                if send_response(outbound, h.request_id, resp, max_frame, stats).await.is_err() {
+                    return End::ReadFailed(TransportError::Closed("writer stopped".into()));
+                }
+            }
+        }
+    }
+}
+
+/// Queues a response. A file body whose file is shorter than its region becomes `DATA_LOST`
+/// (before any byte of the frame is written); a response too large for the negotiated frame
+/// size becomes `INTERNAL`.
+pub(crate) async fn send_response(
+    outbound: &Outbound,
+    request_id: u32,
+    resp: Response,
+    max_frame: u32,
+    stats: &TransportStats,
+) -> Result<(), TransportError> {
+    let Response { mut message, mut body } = resp;
+    if let Body::File(region) = &body {
+        match region.check_len() {
+            Ok(()) => region.will_need(),
+            Err(e) => {
+                tracing::warn!(request_id, error = %e, "file body truncated; answering DATA_LOST");
+                TransportStats::add(&stats.file_regions_truncated, 1);
+                message = Message::error(ErrorCode::DataLost, e.to_string());
+                body = Body::Empty;
+            }
+        }
+    }
+    let frame = match OutFrame::new(request_id, &message, body, max_frame) {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::error!(request_id, error = %e, "response does not fit in a frame");
+            OutFrame::error(request_id, ErrorCode::Internal, format!("response does not fit: {e}"))
+        }
+    };
+    outbound.send(frame).await
+}
+
+/// Turns a panic while polling the handler's future into an `Err`, so the requester still gets
+/// an answer.
+struct CatchUnwind<F>(F);
+
+impl<F: Future + Unpin> Future for CatchUnwind<F> {
+    type Output = Result<F::Output, ()>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| Pin::new(&mut self.0).poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
+            Err(_) => Poll::Ready(Err(())),
+        }
+    }
+}

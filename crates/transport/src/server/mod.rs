@@ -1,0 +1,173 @@
+//! The accepting side: [`serve`] runs the accept loop; each connection does its handshake, then
+//! one reader decodes requests and hands them to the [`Handler`], whose responses go out through
+//! the connection's writer.
+
+mod connection;
+
+use std::any::Any;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use sluice_proto::{ErrorCode, Message};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+use tracing::Instrument;
+
+use crate::body::Body;
+use crate::config::ServerConfig;
+use crate::stats::TransportStats;
+
+/// Whatever the handler wants to keep alive with an admitted body — typically a memory-budget
+/// reservation of `body_len` bytes, released when the request (and so the permit) is dropped.
+pub type BodyPermit = Box<dyn Any + Send + Sync>;
+
+/// The handler's decision about a request body, made from its header and fields alone.
+pub enum Admission {
+    /// Read the body; the permit travels with the [`Request`].
+    Accept(Option<BodyPermit>),
+    /// Do not keep the body: it is read and dropped through a bounded scratch buffer (never
+    /// buffered whole), and this message is the reply (e.g. `Busy`).
+    Reject(Message),
+}
+
+/// One request from a peer.
+pub struct Request {
+    /// The peer's id for this request; the transport puts it on the response.
+    pub request_id: u32,
+    /// The decoded message.
+    pub message: Message,
+    /// The body, in a buffer of exactly its size (empty when the message has none).
+    pub body: Bytes,
+    /// What [`Handler::admit`] returned with `Accept`.
+    pub permit: Option<BodyPermit>,
+}
+
+/// The answer to a request.
+pub struct Response {
+    /// The response message (`Error` for a failure).
+    pub message: Message,
+    /// The response body: memory bytes go out with `writev`, a file region with `sendfile`.
+    pub body: Body,
+}
+
+impl Response {
+    /// A response without a body.
+    pub fn msg(message: impl Into<Message>) -> Self {
+        Response { message: message.into(), body: Body::Empty }
+    }
+
+    /// A response with a body.
+    pub fn with_body(message: impl Into<Message>, body: impl Into<Body>) -> Self {
+        Response { message: message.into(), body: body.into() }
+    }
+
+    /// An `Error` response.
+    pub fn error(code: ErrorCode, text: impl Into<String>) -> Self {
+        Response::msg(Message::error(code, text))
+    }
+}
+
+/// What the transport knows about a connection.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    /// Unique (per `serve` call) connection id, also in the connection's tracing span.
+    pub id: u64,
+    /// The peer's address.
+    pub peer: SocketAddr,
+    /// The application id from the handshake, when the client gave one.
+    pub app_id: Option<String>,
+}
+
+/// The application above the transport (the shuffle server, the coordinator).
+pub trait Handler: Send + Sync + 'static {
+    /// Called after a request's header and fields are decoded, *before* its body is read: the
+    /// place to reserve memory for `body_len` bytes, or to refuse the body. Must not block.
+    fn admit(&self, conn: &ConnInfo, message: &Message, body_len: u32) -> Admission {
+        let _ = (conn, message, body_len);
+        Admission::Accept(None)
+    }
+
+    /// Handles one request. Futures of one connection run concurrently (up to
+    /// `max_inflight_requests_per_connection`), each on its own task; a panic becomes an
+    /// `INTERNAL` error response.
+    fn handle(
+        &self,
+        conn: &Arc<ConnInfo>,
+        req: Request,
+    ) -> impl Future<Output = Response> + Send + 'static;
+
+    /// Called once when a connection that completed its handshake is gone.
+    fn connection_closed(&self, conn: &ConnInfo) {
+        let _ = conn;
+    }
+}
+
+/// Accepts connections on `listener` and serves them with `handler` until `shutdown` completes;
+/// then stops accepting, tells every connection to finish its in-flight requests (bounded by
+/// `shutdown_grace_ms`), waits for them, and returns.
+///
+/// Fails only when `config` is invalid; accept errors are logged and retried.
+pub async fn serve<H: Handler>(
+    listener: TcpListener,
+    handler: Arc<H>,
+    config: ServerConfig,
+    stats: Arc<TransportStats>,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    config.validate().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    let config = Arc::new(config);
+    // Bounds open connections: a tokio semaphore so the accept loop can await a free slot; each
+    // connection task holds its permit until it ends.
+    let limit = Arc::new(Semaphore::new(config.max_connections));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut conns = JoinSet::new();
+    let mut next_id = 0u64;
+    tokio::pin!(shutdown);
+    loop {
+        while conns.try_join_next().is_some() {}
+        let permit = tokio::select! {
+            _ = &mut shutdown => break,
+            p = limit.clone().acquire_owned() => p.expect("the connection semaphore is never closed"),
+        };
+        let (stream, peer) = tokio::select! {
+            _ = &mut shutdown => break,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // Out of descriptors, an aborted connection, …: transient; back off a little.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        next_id += 1;
+        TransportStats::add(&stats.connections_accepted, 1);
+        let span = tracing::info_span!("conn", id = next_id, %peer);
+        let task = connection::run(
+            stream,
+            next_id,
+            peer,
+            handler.clone(),
+            config.clone(),
+            stats.clone(),
+            stop_rx.clone(),
+        );
+        conns.spawn(
+            async move {
+                task.await;
+                drop(permit);
+            }
+            .instrument(span),
+        );
+    }
+    tracing::info!(open = conns.len(), "transport shutting down");
+    let _ = stop_tx.send(true);
+    while conns.join_next().await.is_some() {}
+    Ok(())
+}

@@ -1,0 +1,80 @@
+//! Transport counters: atomics bumped on the hot path, read with [`TransportStats::snapshot`].
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use serde::Serialize;
+
+macro_rules! stats {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        /// Counters and gauges of one transport (a server or a client side). Shared by every
+        /// connection through an `Arc`; `Relaxed` atomics, as each is independent.
+        #[derive(Debug, Default)]
+        pub struct TransportStats { $($(#[$doc])* pub $name: AtomicU64,)* }
+
+        /// A plain copy of [`TransportStats`] at one moment.
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+        pub struct StatsSnapshot { $($(#[$doc])* pub $name: u64,)* }
+
+        impl TransportStats {
+            /// Reads every counter (each one atomically; the set is not one instant).
+            pub fn snapshot(&self) -> StatsSnapshot {
+                StatsSnapshot { $($name: self.$name.load(Relaxed),)* }
+            }
+        }
+    };
+}
+
+stats! {
+    /// File-body bytes sent with `sendfile`.
+    sendfile_bytes,
+    /// `sendfile` calls that moved at least one byte.
+    sendfile_calls,
+    /// Bytes (heads and memory bodies) sent with `writev`.
+    writev_bytes,
+    /// `writev` calls that moved at least one byte.
+    writev_calls,
+    /// Frames whose head (and memory body) completed in a `writev`.
+    writev_frames,
+    /// File-body bytes sent through the copy path (`pread` + `write`).
+    copy_bytes,
+    /// Times `sendfile` was unavailable (EINVAL/ENOSYS/EOPNOTSUPP) and the copy path took over.
+    sendfile_fallbacks,
+    /// Connections accepted (server) or opened (client).
+    connections_accepted,
+    /// Connections open now (gauge).
+    connections_open,
+    /// Handshakes refused (version, auth, bad first frame).
+    handshakes_failed,
+    /// Frames received.
+    frames_received,
+    /// Frames closed by a fatal protocol error from the peer.
+    protocol_errors,
+    /// Request bodies discarded after `Admission::Reject`.
+    bodies_rejected,
+    /// File bodies answered with `DATA_LOST` because the file was shorter than the region.
+    file_regions_truncated,
+    /// Connections dropped because the peer made no progress for the idle timeout.
+    connections_stalled,
+    /// In-memory bytes queued for sending, all connections together (gauge).
+    outbound_queued_bytes,
+    /// Highest `outbound_queued_bytes` of a single connection seen so far.
+    outbound_queued_bytes_peak,
+    /// File-body frames queued for sending, all connections together (gauge).
+    outbound_queued_file_frames,
+    /// Times a producer had to wait at the high watermark.
+    outbound_waits,
+}
+
+impl TransportStats {
+    pub(crate) fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Relaxed);
+    }
+
+    pub(crate) fn sub(c: &AtomicU64, n: u64) {
+        c.fetch_sub(n, Relaxed);
+    }
+
+    pub(crate) fn max(c: &AtomicU64, n: u64) {
+        c.fetch_max(n, Relaxed);
+    }
+}
