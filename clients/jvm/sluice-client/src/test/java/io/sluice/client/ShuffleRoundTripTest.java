@@ -1,0 +1,252 @@
+package io.sluice.client;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.netty.buffer.ByteBuf;
+import io.sluice.protocol.ErrorCode;
+import io.sluice.protocol.MapperEnd;
+import java.io.ByteArrayInputStream;
+import java.io.ByteArrayOutputStream;
+import java.io.ObjectInputStream;
+import java.io.ObjectOutputStream;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.List;
+import java.util.Map;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+
+/** Writer → fake servers → reader, through the coordinator calls the Spark driver makes. */
+class ShuffleRoundTripTest {
+  private static final String APP = "app-rt";
+  private FakeServer coordinator;
+  private FakeServer s1;
+  private FakeServer s2;
+  private TransportClientFactory factory;
+  private SluiceConf conf;
+  private CoordinatorClient coord;
+
+  @BeforeEach
+  void start() throws Exception {
+    s1 = new FakeServer();
+    s2 = new FakeServer();
+    coordinator = new FakeServer();
+    coordinator.assignServers = List.of(s1.addr("s1"), s2.addr("s2"));
+    conf = TransportClientTest.conf(Map.of("sluice.client.pushBatchBytes", "200"));
+    factory = new TransportClientFactory(conf, APP);
+    coord = new CoordinatorClient(factory, List.of(coordinator.hostPort()));
+  }
+
+  @AfterEach
+  void stop() {
+    factory.close();
+    coordinator.close();
+    s1.close();
+    s2.close();
+  }
+
+  private static String payload(int map, int attempt, int partition, int i) {
+    return "m" + map + "a" + attempt + "p" + partition + "#" + i;
+  }
+
+  /** Writes {@code batches} batches to every partition; returns the writer's per-partition bytes. */
+  private long[] writeMap(ShuffleAssignment a, int map, int attempt, int batches, boolean finish) {
+    try (ShuffleWriterClient w = new ShuffleWriterClient(factory, conf, APP, a.shuffleId(), map,
+        attempt, a)) {
+      for (int i = 0; i < batches; i++) {
+        for (int p = 0; p < a.numPartitions(); p++) {
+          w.addBatch(p, payload(map, attempt, p, i).getBytes(StandardCharsets.UTF_8));
+        }
+      }
+      return finish ? w.finish() : null;
+    }
+  }
+
+  private List<String> read(ShuffleAssignment a, int partition, int mapStart, int mapEnd) {
+    List<String> out = new ArrayList<>();
+    try (ShuffleReaderClient r = new ShuffleReaderClient(factory, conf, APP, a.shuffleId(), a,
+        partition, mapStart, mapEnd)) {
+      while (r.hasNext()) {
+        ByteBuf b = r.next();
+        out.add(b.toString(StandardCharsets.UTF_8));
+      }
+      assertEquals(out.size(), r.batchesRead());
+      assertTrue(r.bytesFetched() >= r.bytesRead());
+    }
+    Collections.sort(out);
+    return out;
+  }
+
+  private static List<String> expected(int partition, int[] maps, int attempt, int batches) {
+    List<String> out = new ArrayList<>();
+    for (int m : maps) {
+      for (int i = 0; i < batches; i++) {
+        out.add(payload(m, attempt, partition, i));
+      }
+    }
+    Collections.sort(out);
+    return out;
+  }
+
+  @Test
+  void writeCommitReadWithSpeculationAndRanges() throws Exception {
+    coord.registerApp(APP);
+    ShuffleAssignment a = coord.registerShuffle(APP, 7, 4, 5, 1);
+    assertEquals(5, a.numPartitions());
+    assertEquals(2, a.servers().size());
+    assertEquals(a, coord.getAssignment(APP, 7));
+    coord.registerShuffleOnServers(APP, a, 4, 1);
+
+    long[] total = new long[5];
+    for (int map = 0; map < 4; map++) {
+      long[] bytes = writeMap(a, map, 0, 6, true);
+      for (int p = 0; p < 5; p++) {
+        total[p] += bytes[p];
+      }
+    }
+    // A speculative second attempt of map 1 loses (it reports second) and a third attempt of map
+    // 2 never finishes: readers must ignore both.
+    writeMap(a, 1, 1, 6, true);
+    writeMap(a, 2, 2, 3, false);
+
+    long[] committed = coord.commitShuffle(APP, a);
+    for (int p = 0; p < 5; p++) {
+      assertTrue(committed[p] >= total[p], "partition " + p);
+      assertEquals(expected(p, new int[] {0, 1, 2, 3}, 0, 6), read(a, p, 0, 4));
+    }
+    assertEquals(expected(3, new int[] {1, 2}, 0, 6), read(a, 3, 1, 3));
+    assertEquals(List.of(), read(a, 0, 2, 2));
+
+    // MapperEnd went to every server, with only that server's partitions.
+    for (FakeServer s : List.of(s1, s2)) {
+      assertEquals(5, s.mapperEnds.size()); // 4 maps + the losing attempt
+      for (MapperEnd e : s.mapperEnds) {
+        for (MapperEnd.BatchCount bc : e.batchCounts()) {
+          String id = s == s1 ? "s1" : "s2";
+          assertEquals(id, a.primary(bc.partitionId()).serverId());
+          assertEquals(6, bc.batches());
+        }
+      }
+    }
+    coord.unregisterShuffle(APP, a);
+    coord.unregisterApp(APP);
+  }
+
+  @Test
+  void busyAndRetriableErrorsAreRetried() {
+    ShuffleAssignment a = coord.registerShuffle(APP, 1, 1, 3, 1);
+    s1.busyResponses.set(5);
+    s2.failPushes.set(2);
+    writeMap(a, 0, 0, 20, true);
+    coord.commitShuffle(APP, a);
+    for (int p = 0; p < 3; p++) {
+      assertEquals(expected(p, new int[] {0}, 0, 20), read(a, p, 0, 1));
+    }
+  }
+
+  @Test
+  void endlessBusyFailsTheWriter() {
+    conf = conf.with("sluice.client.busyMaxRetries", "3");
+    ShuffleAssignment a = coord.registerShuffle(APP, 1, 1, 2, 1);
+    s1.busyResponses.set(1000);
+    SluiceException e = assertThrows(SluiceException.class, () -> writeMap(a, 0, 0, 20, true));
+    assertTrue(e.getMessage().contains("busy"), e.getMessage());
+  }
+
+  @Test
+  void nonRetriableErrorSurfacesWithItsCode() {
+    ShuffleAssignment a = coord.registerShuffle(APP, 1, 1, 2, 1);
+    s1.custom = f -> f.message() instanceof io.sluice.protocol.PushMerged
+        ? io.sluice.protocol.ErrorMessage.of(ErrorCode.SHUFFLE_COMMITTED, "too late") : null;
+    SluiceException e = assertThrows(SluiceException.class, () -> writeMap(a, 0, 0, 20, true));
+    assertEquals(ErrorCode.SHUFFLE_COMMITTED, e.code());
+    assertFalse(e.isRetriable());
+  }
+
+  @Test
+  void inFlightBytesAreBounded() {
+    conf = conf.with("sluice.client.maxInFlightBytes", "2k")
+        .with("sluice.client.pushBatchBytes", "512");
+    ShuffleAssignment a = coord.registerShuffle(APP, 1, 1, 1, 1);
+    s1.responseDelayMs = 5;
+    writeMap(a, 0, 0, 300, true);
+    // One push may go past the bound (a writer never blocks with nothing in flight).
+    assertTrue(s1.maxUnackedBytes.get() <= 2048 + 600, "max unacked " + s1.maxUnackedBytes);
+    assertTrue(s1.maxUnackedBytes.get() > 512, "pushes were not overlapped");
+    coord.commitShuffle(APP, a);
+    assertEquals(expected(0, new int[] {0}, 0, 300), read(a, 0, 0, 1));
+  }
+
+  @Test
+  void missingBatchIsDataLost() {
+    ShuffleAssignment a = coord.registerShuffle(APP, 1, 2, 2, 1);
+    writeMap(a, 0, 0, 10, true);
+    writeMap(a, 1, 0, 10, true);
+    s1.dropOneBatchPerStream = true;
+    SluiceException e = assertThrows(SluiceException.class, () -> read(a, 0, 0, 2));
+    assertEquals(ErrorCode.DATA_LOST, e.code());
+  }
+
+  @Test
+  void corruptedChunkIsReadAgainThenFails() {
+    ShuffleAssignment a = coord.registerShuffle(APP, 1, 1, 2, 1);
+    writeMap(a, 0, 0, 10, true);
+    s1.corruptChunks.set(1);
+    assertEquals(expected(0, new int[] {0}, 0, 10), read(a, 0, 0, 1));
+    s1.corruptChunks.set(1000);
+    SluiceException e = assertThrows(SluiceException.class, () -> read(a, 0, 0, 1));
+    assertEquals(ErrorCode.CHECKSUM_MISMATCH, e.code());
+  }
+
+  @Test
+  void replicationWritesBothAndReaderFailsOver() {
+    ShuffleAssignment a = coord.registerShuffle(APP, 4, 2, 4, 2);
+    for (int p = 0; p < 4; p++) {
+      assertTrue(a.replicaIndex(p) >= 0);
+    }
+    writeMap(a, 0, 0, 8, true);
+    writeMap(a, 1, 0, 8, true);
+    coord.commitShuffle(APP, a);
+    // Partition 0's primary is s1; lose it.
+    assertEquals("s1", a.primary(0).serverId());
+    s1.close();
+    factory.conf();
+    assertEquals(expected(0, new int[] {0, 1}, 0, 8), read(a, 0, 0, 2));
+  }
+
+  @Test
+  void coordinatorFailover() throws Exception {
+    int deadPort;
+    try (java.net.ServerSocket s = new java.net.ServerSocket(0)) {
+      deadPort = s.getLocalPort();
+    }
+    CoordinatorClient two = new CoordinatorClient(factory,
+        List.of("127.0.0.1:" + deadPort, coordinator.hostPort()));
+    two.registerApp(APP);
+    two.appHeartbeat(APP);
+    ShuffleAssignment a = two.registerShuffle(APP, 9, 1, 3, 1);
+    assertEquals(9, a.shuffleId());
+  }
+
+  @Test
+  void assignmentIsSerializable() throws Exception {
+    ShuffleAssignment a = coord.registerShuffle(APP, 3, 1, 6, 2);
+    ByteArrayOutputStream bos = new ByteArrayOutputStream();
+    try (ObjectOutputStream out = new ObjectOutputStream(bos)) {
+      out.writeObject(a);
+    }
+    try (ObjectInputStream in = new ObjectInputStream(
+        new ByteArrayInputStream(bos.toByteArray()))) {
+      ShuffleAssignment back = (ShuffleAssignment) in.readObject();
+      assertEquals(a, back);
+      assertArrayEquals(a.serverIndexes(5), back.serverIndexes(5));
+      assertEquals(a.toMessage(), back.toMessage());
+    }
+  }
+}

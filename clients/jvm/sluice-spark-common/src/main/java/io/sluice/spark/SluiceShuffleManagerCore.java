@@ -1,0 +1,135 @@
+package io.sluice.spark;
+
+import io.sluice.client.TransportClientFactory;
+import org.apache.spark.ShuffleDependency;
+import org.apache.spark.SparkConf;
+import org.apache.spark.SparkEnv;
+import org.apache.spark.TaskContext;
+import org.apache.spark.shuffle.ShuffleHandle;
+import org.apache.spark.shuffle.ShuffleReadMetricsReporter;
+import org.apache.spark.shuffle.ShuffleReader;
+import org.apache.spark.shuffle.ShuffleWriteMetricsReporter;
+import org.apache.spark.shuffle.ShuffleWriter;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Everything a Sluice ShuffleManager does, for any Spark version: the per-version
+ * SluiceShuffleManager classes implement Spark's interface of their version and delegate here.
+ *
+ * <p>One instance per JVM (Spark makes one manager in the driver and one in each executor). The
+ * driver's side ({@link SluiceDriver}, the RPC endpoint) starts with the first registered shuffle,
+ * when the application id is known and SparkEnv is up. Client connections are pooled per JVM in one
+ * TransportClientFactory, made when first needed.
+ */
+public final class SluiceShuffleManagerCore {
+  private static final Logger LOG = LoggerFactory.getLogger(SluiceShuffleManagerCore.class);
+
+  private final SparkConf sparkConf;
+  private final boolean isDriver;
+  private final SluiceSparkConf conf;
+  private final SparkShims shims;
+  private final ShuffleGenerations generations = new ShuffleGenerations();
+
+  private TransportClientFactory factory;
+  private String factoryAppId;
+  private SluiceDriver driver;
+
+  /** Called from the per-version manager's constructor, which Spark calls with (conf, isDriver). */
+  public SluiceShuffleManagerCore(SparkConf sparkConf, boolean isDriver, SparkShims shims) {
+    this.sparkConf = sparkConf;
+    this.isDriver = isDriver;
+    this.conf = SluiceSparkConf.fromSpark(sparkConf);
+    this.shims = shims;
+    if (conf.client().coordinators().isEmpty()) {
+      throw new IllegalArgumentException(
+          "spark.sluice.coordinators is not set: give the host:port of a Sluice coordinator");
+    }
+    LOG.info("Sluice shuffle manager ({}) using coordinators {}",
+        isDriver ? "driver" : "executor", conf.client().coordinators());
+  }
+
+  /** The JVM's client factory for {@code appId} (one application per JVM in practice). */
+  private synchronized TransportClientFactory factory(String appId) {
+    if (factory == null || !appId.equals(factoryAppId)) {
+      if (factory != null) {
+        factory.close();
+      }
+      factory = new TransportClientFactory(conf.client(), appId);
+      factoryAppId = appId;
+    }
+    return factory;
+  }
+
+  private synchronized SluiceDriver driver() {
+    if (driver == null) {
+      if (!isDriver) {
+        throw new IllegalStateException("registerShuffle called outside the driver");
+      }
+      SparkEnv env = SparkEnv.get();
+      String appId = SluiceDriver.sluiceAppId(sparkConf.getAppId());
+      driver = new SluiceDriver(conf, appId, factory(appId));
+      SluiceDriverEndpoint.start(env, driver);
+    }
+    return driver;
+  }
+
+  /** Registers the shuffle's generation 0 with Sluice and returns the handle that carries it. */
+  public <K, V, C> ShuffleHandle registerShuffle(int shuffleId,
+      ShuffleDependency<K, V, C> dependency) {
+    SluiceDriver d = driver();
+    int numMaps = dependency.rdd().getNumPartitions();
+    int numPartitions = dependency.partitioner().numPartitions();
+    ShuffleGeneration g0 = d.registerShuffle(shuffleId, numMaps, numPartitions);
+    SluiceShuffleHandle<K, V, C> handle =
+        new SluiceShuffleHandle<>(shuffleId, dependency, d.appId(), numMaps, g0);
+    d.track(handle, numPartitions);
+    return handle;
+  }
+
+  @SuppressWarnings("unchecked")
+  private static <K, V, C> SluiceShuffleHandle<K, V, C> sluice(ShuffleHandle handle) {
+    if (!(handle instanceof SluiceShuffleHandle)) {
+      throw new IllegalArgumentException("not a Sluice shuffle handle: " + handle);
+    }
+    return (SluiceShuffleHandle<K, V, C>) handle;
+  }
+
+  public <K, V> ShuffleWriter<K, V> getWriter(ShuffleHandle handle, long mapId,
+      TaskContext context, ShuffleWriteMetricsReporter metrics) {
+    SluiceShuffleHandle<K, V, Object> h = sluice(handle);
+    return new SluiceShuffleWriter<>(h, context, metrics, conf, factory(h.appId()), shims,
+        generations);
+  }
+
+  public <K, C> ShuffleReader<K, C> getReader(ShuffleHandle handle, int startMapIndex,
+      int endMapIndex, int startPartition, int endPartition, TaskContext context,
+      ShuffleReadMetricsReporter metrics) {
+    SluiceShuffleHandle<K, Object, C> h = sluice(handle);
+    // Spark passes Int.MaxValue as "to the last map".
+    int end = Math.min(endMapIndex, h.numMaps());
+    return new SluiceShuffleReader<>(h, startMapIndex, end, startPartition, endPartition,
+        context, metrics, conf, factory(h.appId()), shims, generations);
+  }
+
+  /** Driver: deletes the shuffle's data on the servers. Executors hold no per-shuffle state. */
+  public boolean unregisterShuffle(int shuffleId) {
+    SluiceDriver d;
+    synchronized (this) {
+      d = driver;
+    }
+    return d != null && d.unregisterShuffle(shuffleId);
+  }
+
+  /** Driver: unregisters the application (servers delete its data). Both: closes connections. */
+  public synchronized void stop() {
+    if (driver != null) {
+      driver.close();
+      driver = null;
+    }
+    if (factory != null) {
+      factory.close();
+      factory = null;
+    }
+  }
+}

@@ -1,0 +1,243 @@
+package io.sluice.spark;
+
+import io.sluice.client.ShuffleReaderClient;
+import io.sluice.client.SluiceException;
+import io.sluice.client.TransportClientFactory;
+import java.io.InputStream;
+import java.nio.ByteBuffer;
+import java.util.concurrent.TimeUnit;
+import org.apache.spark.Aggregator;
+import org.apache.spark.InterruptibleIterator;
+import org.apache.spark.ShuffleDependency;
+import org.apache.spark.SparkEnv;
+import org.apache.spark.TaskContext;
+import org.apache.spark.serializer.SerializerInstance;
+import org.apache.spark.serializer.SerializerManager;
+import org.apache.spark.shuffle.FetchFailedException;
+import org.apache.spark.shuffle.ShuffleReadMetricsReporter;
+import org.apache.spark.shuffle.ShuffleReader;
+import org.apache.spark.storage.ShuffleBlockId;
+import org.apache.spark.unsafe.Platform;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+import scala.Product2;
+import scala.Tuple2;
+import scala.collection.AbstractIterator;
+import scala.collection.Iterator;
+
+/**
+ * A reduce task's reader: partitions {@code [startPartition, endPartition)} of the maps {@code
+ * [startMapIndex, endMapIndex)} (map indexes, as AQE's skew split and local read ask for). It reads
+ * the committed generation's batches through the client (which keeps only each map's winning
+ * attempt, drops duplicates and verifies checksums), decodes them with the dependency's serializer,
+ * and then combines and sorts with Spark's own Aggregator and ExternalSorter, as Spark's reader
+ * does.
+ *
+ * <p>Any Sluice failure while reading (a lost server, missing or corrupt data) becomes a
+ * FetchFailedException naming the generation's synthetic executor: Spark then drops all of that
+ * generation's map outputs and re-runs the map stage, into a new generation.
+ */
+final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
+  private static final Logger LOG = LoggerFactory.getLogger(SluiceShuffleReader.class);
+
+  private final SluiceShuffleHandle<K, ?, C> handle;
+  private final ShuffleDependency<K, ?, C> dep;
+  private final int startMapIndex;
+  private final int endMapIndex;
+  private final int startPartition;
+  private final int endPartition;
+  private final TaskContext context;
+  private final ShuffleReadMetricsReporter metrics;
+  private final SluiceSparkConf conf;
+  private final TransportClientFactory factory;
+  private final SparkShims shims;
+  private final ShuffleGenerations generations;
+
+  SluiceShuffleReader(SluiceShuffleHandle<K, ?, C> handle, int startMapIndex, int endMapIndex,
+      int startPartition, int endPartition, TaskContext context,
+      ShuffleReadMetricsReporter metrics, SluiceSparkConf conf, TransportClientFactory factory,
+      SparkShims shims, ShuffleGenerations generations) {
+    this.handle = handle;
+    this.dep = handle.dependency();
+    this.startMapIndex = startMapIndex;
+    this.endMapIndex = endMapIndex;
+    this.startPartition = startPartition;
+    this.endPartition = endPartition;
+    this.context = context;
+    this.metrics = metrics;
+    this.conf = conf;
+    this.factory = factory;
+    this.shims = shims;
+    this.generations = generations;
+  }
+
+  @Override
+  @SuppressWarnings({"unchecked", "rawtypes"})
+  public Iterator<Product2<K, C>> read() {
+    ShuffleGeneration generation;
+    try {
+      generation = generations.forReader(handle);
+    } catch (RuntimeException e) {
+      throw fetchFailed(handle.generation(), "could not commit: " + e, e);
+    }
+    if (generation.wireShuffleId() != handle.generation().wireShuffleId()) {
+      // This task's stage was planned against a generation that has been replaced since: the maps
+      // it would read are being re-run. Fail so Spark re-plans it.
+      throw fetchFailed(handle.generation(), "replaced by " + generation, null);
+    }
+    RecordIterator records = new RecordIterator(generation);
+    context.addTaskCompletionListener(ctx -> records.close());
+
+    Iterator<Product2<K, C>> result;
+    if (dep.aggregator().isDefined()) {
+      Aggregator agg = dep.aggregator().get();
+      Iterator<Tuple2<Object, Object>> combined = dep.mapSideCombine()
+          ? agg.combineCombinersByKey((Iterator) records, context)
+          : agg.combineValuesByKey((Iterator) records, context);
+      result = (Iterator) combined;
+    } else {
+      result = (Iterator) records;
+    }
+    if (dep.keyOrdering().isDefined()) {
+      result = shims.sortByKey(context, dep.keyOrdering().get(), dep.serializer(), result);
+    }
+    return result instanceof InterruptibleIterator ? result
+        : new InterruptibleIterator<>(context, result);
+  }
+
+  /**
+   * Throws a FetchFailedException (checked in Java's eyes, so thrown through Platform); declared
+   * to return an exception only so call sites can read {@code throw fetchFailed(...)}. Must run on
+   * the task's thread: the exception registers itself with the TaskContext, so Spark sees the
+   * fetch failure even if user code swallows it.
+   */
+  private RuntimeException fetchFailed(ShuffleGeneration generation, String message,
+      Throwable cause) {
+    Platform.throwException(new FetchFailedException(SluiceLocations.of(generation),
+        handle.shuffleId(), -1L, -1, startPartition, "Sluice " + generation + ", partitions ["
+        + startPartition + ", " + endPartition + "), maps [" + startMapIndex + ", " + endMapIndex
+        + "): " + message, cause));
+    return new IllegalStateException("not reached");
+  }
+
+  /** Records of every batch of every partition of the range, decoded lazily, batch by batch. */
+  private final class RecordIterator extends AbstractIterator<Product2<Object, Object>> {
+    private final ShuffleGeneration generation;
+    private final SerializerInstance serializer = dep.serializer().newInstance();
+    private final SerializerManager serializerManager = SparkEnv.get().serializerManager();
+    private int partition = startPartition - 1;
+    private ShuffleReaderClient client;
+    private Iterator<Tuple2<Object, Object>> batch;
+    private boolean done;
+
+    RecordIterator(ShuffleGeneration generation) {
+      this.generation = generation;
+    }
+
+    @Override
+    public boolean hasNext() {
+      try {
+        while (batch == null || !batch.hasNext()) {
+          if (!nextBatch()) {
+            if (!done) {
+              done = true;
+              close();
+              // As Spark's reader does: fold this reader's metrics into the task's.
+              context.taskMetrics().mergeShuffleReadMetrics();
+            }
+            return false;
+          }
+        }
+        return true;
+      } catch (SluiceException e) {
+        close();
+        generations.reportLost(generation, e.toString());
+        throw fetchFailed(generation, e.getMessage(), e);
+      }
+    }
+
+    @Override
+    public Product2<Object, Object> next() {
+      if (!hasNext()) {
+        throw new java.util.NoSuchElementException();
+      }
+      metrics.incRecordsRead(1);
+      return batch.next();
+    }
+
+    /** Moves to the next batch, opening the next partition's stream when one runs out. */
+    private boolean nextBatch() {
+      while (true) {
+        if (client != null) {
+          long start = System.nanoTime();
+          boolean more = client.hasNext();
+          ByteBuffer payload = more ? client.next() : null;
+          metrics.incFetchWaitTime(TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - start));
+          if (more) {
+            metrics.incRemoteBlocksFetched(1);
+            metrics.incRemoteBytesRead(payload.remaining());
+            batch = decode(payload);
+            return true;
+          }
+          client.close();
+          client = null;
+        }
+        if (++partition >= endPartition) {
+          return false;
+        }
+        client = new ShuffleReaderClient(factory, conf.client(), handle.appId(),
+            generation.wireShuffleId(), generation.assignment(), partition, startMapIndex,
+            endMapIndex);
+      }
+    }
+
+    private Iterator<Tuple2<Object, Object>> decode(ByteBuffer payload) {
+      ShuffleBlockId blockId = new ShuffleBlockId(handle.shuffleId(), 0L, partition);
+      InputStream in = serializerManager.wrapStream(blockId, new ByteBufferInputStream(payload));
+      return serializer.deserializeStream(in).asKeyValueIterator();
+    }
+
+    void close() {
+      if (client != null) {
+        try {
+          client.close();
+        } catch (RuntimeException e) {
+          LOG.debug("closing a Sluice stream: {}", e.toString());
+        }
+        client = null;
+      }
+    }
+  }
+
+  /** Reads a ByteBuffer's remaining bytes without copying them. */
+  static final class ByteBufferInputStream extends InputStream {
+    private final ByteBuffer buf;
+
+    ByteBufferInputStream(ByteBuffer buf) {
+      this.buf = buf;
+    }
+
+    @Override
+    public int read() {
+      return buf.hasRemaining() ? buf.get() & 0xFF : -1;
+    }
+
+    @Override
+    public int read(byte[] b, int off, int len) {
+      if (len == 0) {
+        return 0;
+      }
+      if (!buf.hasRemaining()) {
+        return -1;
+      }
+      int n = Math.min(len, buf.remaining());
+      buf.get(b, off, n);
+      return n;
+    }
+
+    @Override
+    public int available() {
+      return buf.remaining();
+    }
+  }
+}
