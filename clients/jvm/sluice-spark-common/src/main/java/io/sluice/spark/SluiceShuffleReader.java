@@ -18,6 +18,7 @@ import org.apache.spark.shuffle.ShuffleReadMetricsReporter;
 import org.apache.spark.shuffle.ShuffleReader;
 import org.apache.spark.storage.ShuffleBlockId;
 import org.apache.spark.unsafe.Platform;
+import org.apache.spark.util.TaskCompletionListener;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 import scala.Product2;
@@ -86,7 +87,7 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
       throw fetchFailed(handle.generation(), "replaced by " + generation, null);
     }
     RecordIterator records = new RecordIterator(generation);
-    context.addTaskCompletionListener(ctx -> records.close());
+    context.addTaskCompletionListener((TaskCompletionListener) ctx -> records.close());
 
     Iterator<Product2<K, C>> result;
     if (dep.aggregator().isDefined()) {

@@ -6,6 +6,7 @@ import org.apache.spark.SparkConf;
 import org.apache.spark.SparkEnv;
 import org.apache.spark.TaskContext;
 import org.apache.spark.shuffle.ShuffleHandle;
+import org.apache.spark.shuffle.ShuffleManager;
 import org.apache.spark.shuffle.ShuffleReadMetricsReporter;
 import org.apache.spark.shuffle.ShuffleReader;
 import org.apache.spark.shuffle.ShuffleWriteMetricsReporter;
@@ -14,16 +15,19 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * Everything a Sluice ShuffleManager does, for any Spark version: the per-version
- * SluiceShuffleManager classes implement Spark's interface of their version and delegate here.
+ * Everything a Sluice ShuffleManager does, for any Spark version. The methods of Spark's
+ * ShuffleManager implemented here have the same bytecode signatures in Spark 3.5 and 4.x; each
+ * per-version SluiceShuffleManager adds what differs: {@code shuffleBlockResolver()} (whose Scala
+ * collection types changed with Scala 2.13, and which Spark 4.3 moved to BlockingShuffleManager),
+ * the {@link SparkShims}, and on Spark 4.3 the BlockingShuffleManager marker.
  *
  * <p>One instance per JVM (Spark makes one manager in the driver and one in each executor). The
  * driver's side ({@link SluiceDriver}, the RPC endpoint) starts with the first registered shuffle,
  * when the application id is known and SparkEnv is up. Client connections are pooled per JVM in one
  * TransportClientFactory, made when first needed.
  */
-public final class SluiceShuffleManagerCore {
-  private static final Logger LOG = LoggerFactory.getLogger(SluiceShuffleManagerCore.class);
+public abstract class SluiceShuffleManagerBase implements ShuffleManager {
+  private static final Logger LOG = LoggerFactory.getLogger(SluiceShuffleManagerBase.class);
 
   private final SparkConf sparkConf;
   private final boolean isDriver;
@@ -36,7 +40,7 @@ public final class SluiceShuffleManagerCore {
   private SluiceDriver driver;
 
   /** Called from the per-version manager's constructor, which Spark calls with (conf, isDriver). */
-  public SluiceShuffleManagerCore(SparkConf sparkConf, boolean isDriver, SparkShims shims) {
+  protected SluiceShuffleManagerBase(SparkConf sparkConf, boolean isDriver, SparkShims shims) {
     this.sparkConf = sparkConf;
     this.isDriver = isDriver;
     this.conf = SluiceSparkConf.fromSpark(sparkConf);
@@ -75,6 +79,7 @@ public final class SluiceShuffleManagerCore {
   }
 
   /** Registers the shuffle's generation 0 with Sluice and returns the handle that carries it. */
+  @Override
   public <K, V, C> ShuffleHandle registerShuffle(int shuffleId,
       ShuffleDependency<K, V, C> dependency) {
     SluiceDriver d = driver();
@@ -95,6 +100,7 @@ public final class SluiceShuffleManagerCore {
     return (SluiceShuffleHandle<K, V, C>) handle;
   }
 
+  @Override
   public <K, V> ShuffleWriter<K, V> getWriter(ShuffleHandle handle, long mapId,
       TaskContext context, ShuffleWriteMetricsReporter metrics) {
     SluiceShuffleHandle<K, V, Object> h = sluice(handle);
@@ -102,6 +108,7 @@ public final class SluiceShuffleManagerCore {
         generations);
   }
 
+  @Override
   public <K, C> ShuffleReader<K, C> getReader(ShuffleHandle handle, int startMapIndex,
       int endMapIndex, int startPartition, int endPartition, TaskContext context,
       ShuffleReadMetricsReporter metrics) {
@@ -113,6 +120,7 @@ public final class SluiceShuffleManagerCore {
   }
 
   /** Driver: deletes the shuffle's data on the servers. Executors hold no per-shuffle state. */
+  @Override
   public boolean unregisterShuffle(int shuffleId) {
     SluiceDriver d;
     synchronized (this) {
@@ -122,6 +130,7 @@ public final class SluiceShuffleManagerCore {
   }
 
   /** Driver: unregisters the application (servers delete its data). Both: closes connections. */
+  @Override
   public synchronized void stop() {
     if (driver != null) {
       driver.close();

@@ -1,0 +1,55 @@
+package io.sluice.client;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+
+import java.util.List;
+import java.util.Map;
+import org.junit.jupiter.api.Test;
+
+class SluiceConfTest {
+  @Test
+  void defaults() {
+    SluiceConf c = SluiceConf.defaults();
+    assertEquals(2, c.connectionsPerPeer());
+    assertEquals(256 * 1024, c.pushBatchBytes());
+    assertEquals(64L << 20, c.maxInFlightBytes());
+    assertEquals(64 << 20, c.maxFrameBytes());
+    assertEquals(4, c.fetchPrefetchChunks());
+    assertEquals("", c.secret());
+    assertEquals(List.of(), c.coordinators());
+  }
+
+  @Test
+  void parsesKeysAndSizes() {
+    SluiceConf c = SluiceConf.fromMap(Map.of(
+        "sluice.coordinators", "a:1, b:2",
+        "sluice.secret", "s",
+        "sluice.client.pushBatchBytes", "1m",
+        "sluice.client.maxInFlightBytes", "2g",
+        "sluice.client.writeBufferHighWatermarkBytes", "64kb",
+        "sluice.client.writeBufferLowWatermarkBytes", "32k",
+        "sluice.unknown", "ignored"));
+    assertEquals(List.of("a:1", "b:2"), c.coordinators());
+    assertEquals("s", c.secret());
+    assertEquals(1 << 20, c.pushBatchBytes());
+    assertEquals(2L << 30, c.maxInFlightBytes());
+    assertEquals(64 * 1024, c.writeBufferHighWatermarkBytes());
+    assertEquals(32 * 1024, c.writeBufferLowWatermarkBytes());
+  }
+
+  @Test
+  void rejectsBadValues() {
+    assertThrows(IllegalArgumentException.class,
+        () -> SluiceConf.fromMap(Map.of("sluice.client.connectionsPerPeer", "0")));
+    assertThrows(IllegalArgumentException.class,
+        () -> SluiceConf.fromMap(Map.of("sluice.client.maxFrameBytes", "1k")));
+    assertThrows(IllegalArgumentException.class,
+        () -> SluiceConf.fromMap(Map.of("sluice.client.requestTimeoutMs", "soon")));
+    assertThrows(IllegalArgumentException.class,
+        () -> SluiceConf.fromMap(Map.of("sluice.client.preferEpoll", "maybe")));
+    // A push batch must fit well inside a frame.
+    assertThrows(IllegalArgumentException.class,
+        () -> SluiceConf.fromMap(Map.of("sluice.client.pushBatchBytes", "64m")));
+  }
+}
