@@ -2,6 +2,11 @@
 //! in its own module.
 
 mod bench;
+mod cluster;
+mod local;
+mod serve;
+mod settings;
+mod workload;
 
 use clap::{Parser, Subcommand};
 
@@ -14,6 +19,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a shuffle server.
+    Server(serve::ServerArgs),
+    /// Run a coordinator.
+    Coordinator(serve::CoordinatorArgs),
+    /// The main job: an embedded coordinator and servers on loopback run a verified shuffle.
+    Local(local::LocalArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -28,7 +39,17 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    let rt = || tokio::runtime::Builder::new_multi_thread().enable_all().build();
     match Cli::parse().command {
+        Command::Server(args) => rt()?.block_on(serve::server(args)),
+        Command::Coordinator(args) => rt()?.block_on(serve::coordinator(args)),
+        Command::Local(args) => {
+            if rt()?.block_on(local::run(args))? {
+                Ok(())
+            } else {
+                std::process::exit(1)
+            }
+        }
         Command::Bench { bench } => bench::run(bench),
     }
 }

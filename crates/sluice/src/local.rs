@@ -1,0 +1,216 @@
+//! `sluice local`: the main job. Starts an embedded coordinator and N servers on loopback, runs
+//! a synthetic shuffle through them (including a failed-and-retried and a speculative map
+//! attempt), reads every partition back and verifies every record.
+
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use sluice_client::{ClientOptions, ShuffleClient};
+
+use crate::cluster::{Cluster, ClusterSpec};
+use crate::workload::{map_runs, mismatches, read_all, run_map, secs, Tally};
+
+/// `sluice local` flags.
+#[derive(Args, Debug, Clone)]
+pub struct LocalArgs {
+    /// Shuffle servers to start.
+    #[arg(long, default_value_t = 2)]
+    pub servers: usize,
+    /// Map tasks (all run concurrently).
+    #[arg(long, default_value_t = 8)]
+    pub maps: u32,
+    /// Reduce partitions.
+    #[arg(long, default_value_t = 32)]
+    pub partitions: u32,
+    /// Total record bytes the maps push (suffixes K, M, G allowed).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub bytes: u64,
+    /// Bytes per record.
+    #[arg(long, default_value_t = 100)]
+    pub record_bytes: usize,
+    /// Memory budget of each server (suffixes allowed).
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    pub memory_budget: u64,
+    /// Partitions read at once.
+    #[arg(long, default_value_t = 4)]
+    pub readers: usize,
+    /// Directory under which the servers' data directories are created (default: system temp).
+    #[arg(long)]
+    pub data_root: Option<std::path::PathBuf>,
+    /// Print one JSON object instead of the human summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parses `123`, `64K`, `256M`, `2G` (binary units).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<f64>().map(|n| (n * mult as f64) as u64).map_err(|e| format!("{s}: {e}"))
+}
+
+fn bar(total: u64, msg: &'static str, hidden: bool) -> ProgressBar {
+    if hidden {
+        return ProgressBar::hidden();
+    }
+    let b = ProgressBar::new(total);
+    b.set_style(
+        ProgressStyle::with_template("{msg:6} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    b.set_message(msg);
+    b
+}
+
+/// Runs the job; returns whether every record verified.
+pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
+    let cluster = Cluster::start(&ClusterSpec {
+        servers: args.servers,
+        memory_budget_bytes: args.memory_budget,
+        data_root: args.data_root.clone(),
+        server_sets: Vec::new(),
+    })?;
+    let app_id = format!("local-{}", std::process::id());
+    let opts = ClientOptions {
+        coordinators: vec![cluster.coordinator.addr.to_string()],
+        ..ClientOptions::default()
+    };
+    let client = ShuffleClient::new(app_id, opts);
+    cluster.wait_ready(&client).await?;
+    client.register_app().await?;
+    let a = client.register_shuffle(0, args.maps, args.partitions, 1).await?;
+
+    // Map stage.
+    let expect = Tally::new(args.partitions);
+    let bytes_per_map = args.bytes / args.maps as u64;
+    let push_bar = bar(args.bytes + bytes_per_map * 3 / 2, "push", args.json);
+    let t = Instant::now();
+    let runs = map_runs(args.maps);
+    let mut tasks = Vec::new();
+    for m in 0..args.maps {
+        let mine: Vec<_> = runs.iter().copied().filter(|r| r.map_id == m).collect();
+        let (client, a, expect, bar) =
+            (client.clone(), a.clone(), expect.clone(), push_bar.clone());
+        let record_bytes = args.record_bytes;
+        tasks.push(tokio::spawn(async move {
+            let mut pushed = 0;
+            if m == 0 {
+                // A retry starts after its failed attempt.
+                for r in mine {
+                    pushed +=
+                        run_map(&client, a.clone(), r, bytes_per_map, record_bytes, &expect, &bar)
+                            .await?;
+                }
+            } else {
+                let all = mine.into_iter().map(|r| {
+                    run_map(&client, a.clone(), r, bytes_per_map, record_bytes, &expect, &bar)
+                });
+                for p in futures_util::future::join_all(all).await {
+                    pushed += p?;
+                }
+            }
+            Ok::<u64, anyhow::Error>(pushed)
+        }));
+    }
+    let mut pushed = 0u64;
+    for t in tasks {
+        pushed += t.await.context("map task panicked")??;
+    }
+    let push_s = secs(t);
+    push_bar.finish_and_clear();
+    let sizes = client.commit_shuffle(&a).await?;
+
+    // Reduce stage.
+    let got = Tally::new(args.partitions);
+    let fetch_bar = bar(sizes.iter().sum(), "fetch", args.json);
+    let t = Instant::now();
+    let fetched = read_all(&client, &a, args.maps, args.readers, &got, &fetch_bar).await?;
+    let fetch_s = secs(t);
+    fetch_bar.finish_and_clear();
+    let bad = mismatches(&expect, &got);
+    let verified = bad.is_empty();
+    let peak_rss = cluster.servers.iter().map(|s| s.peak_rss_bytes()).max().unwrap_or(0);
+    let records: u64 =
+        expect.count.iter().map(|c| c.load(std::sync::atomic::Ordering::Relaxed)).sum();
+    let servers: Vec<_> = cluster.servers.iter().map(|s| s.addr).collect();
+    client.unregister_shuffle(&a).await?;
+    client.unregister_app(&servers).await?;
+
+    let summary = json!({
+        "verified": verified,
+        "bytes": pushed,
+        "records": records,
+        "fetched_bytes": fetched,
+        "push_seconds": push_s,
+        "fetch_seconds": fetch_s,
+        "push_gbps": pushed as f64 / push_s / 1e9,
+        "fetch_gbps": fetched as f64 / fetch_s / 1e9,
+        "server_peak_rss_bytes": peak_rss,
+        "memory_budget_bytes": args.memory_budget,
+        "servers": args.servers,
+        "maps": args.maps,
+        "partitions": args.partitions,
+        "mismatched_partitions": bad,
+    });
+    if args.json {
+        println!("{summary}");
+    } else {
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        println!(
+            "sluice local: {} servers, {} maps (one retried, one speculative), {} partitions",
+            args.servers, args.maps, args.partitions
+        );
+        println!(
+            "  pushed      {:>10.1} MiB  {:>6.2} GB/s  ({records} records)",
+            mib(pushed),
+            summary["push_gbps"].as_f64().unwrap_or(0.0)
+        );
+        println!(
+            "  fetched     {:>10.1} MiB  {:>6.2} GB/s",
+            mib(fetched),
+            summary["fetch_gbps"].as_f64().unwrap_or(0.0)
+        );
+        println!(
+            "  server peak resident {:.1} MiB (memory budget {:.1} MiB)",
+            mib(peak_rss),
+            mib(args.memory_budget)
+        );
+        println!(
+            "  verified: {verified}{}",
+            if verified { String::new() } else { format!(" (partitions {bad:?} differ)") }
+        );
+    }
+    Ok(verified)
+}
+
+/// Shared handle for benches that need an app with a shuffle on a fresh cluster.
+pub async fn client_for(cluster: &Cluster, app: &str) -> anyhow::Result<ShuffleClient> {
+    let opts = ClientOptions {
+        coordinators: vec![cluster.coordinator.addr.to_string()],
+        ..ClientOptions::default()
+    };
+    let client = ShuffleClient::new(app, opts);
+    cluster.wait_ready(&client).await?;
+    client.register_app().await?;
+    Ok(client)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sizes() {
+        assert_eq!(super::parse_size("2G").unwrap(), 2 << 30);
+        assert_eq!(super::parse_size("64k").unwrap(), 64 << 10);
+        assert_eq!(super::parse_size("100").unwrap(), 100);
+        assert!(super::parse_size("x").is_err());
+    }
+}

@@ -1,0 +1,161 @@
+//! `sluice server` and `sluice coordinator`: load the config, bind, print the bound address on
+//! stdout (`listening on HOST:PORT`, for scripts and tests that use port 0), serve until Ctrl-C
+//! or SIGTERM.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::settings::{load, parse_set};
+
+/// Flags common to both services.
+#[derive(Args, Debug, Clone)]
+pub struct Common {
+    /// TOML configuration file (see docs/configuration.md).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Listen address, `host:port` (port 0: any free port).
+    #[arg(long)]
+    listen: Option<String>,
+    /// Serve Prometheus metrics over HTTP on this address (`GET /metrics`).
+    #[arg(long)]
+    metrics_listen: Option<String>,
+    /// Override any configuration key: `--set transport.zero_copy=false`.
+    #[arg(long = "set", value_parser = parse_set)]
+    sets: Vec<(String, toml::Value)>,
+}
+
+/// `sluice server` flags.
+#[derive(Args, Debug, Clone)]
+pub struct ServerArgs {
+    #[command(flatten)]
+    common: Common,
+    /// A data directory (repeat for several).
+    #[arg(long = "data-dir")]
+    data_dirs: Vec<PathBuf>,
+    /// Memory budget for buffered shuffle data, in bytes.
+    #[arg(long)]
+    memory_budget_bytes: Option<u64>,
+    /// A coordinator to heartbeat to (repeat for several).
+    #[arg(long = "coordinator")]
+    coordinators: Vec<String>,
+}
+
+/// `sluice coordinator` flags.
+#[derive(Args, Debug, Clone)]
+pub struct CoordinatorArgs {
+    #[command(flatten)]
+    common: Common,
+}
+
+impl Common {
+    fn sets(&self, mut extra: Vec<(String, toml::Value)>) -> Vec<(String, toml::Value)> {
+        if let Some(l) = &self.listen {
+            extra.push(("listen".into(), toml::Value::String(l.clone())));
+        }
+        extra.extend(self.sets.iter().cloned());
+        extra
+    }
+}
+
+async fn bind(listen: &str) -> anyhow::Result<TcpListener> {
+    let l = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+    println!("listening on {}", l.local_addr()?);
+    Ok(l)
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+}
+
+/// A minimal `GET /metrics` responder. One fixed plain-text response per connection; a web
+/// framework would add more dependency than this endpoint has lines.
+async fn serve_metrics(
+    listen: String,
+    render: Arc<dyn Fn() -> String + Send + Sync>,
+) -> anyhow::Result<()> {
+    let l =
+        TcpListener::bind(&listen).await.with_context(|| format!("binding metrics {listen}"))?;
+    println!("metrics on {}", l.local_addr()?);
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else { continue };
+            let render = render.clone();
+            tokio::spawn(async move {
+                let mut req = [0u8; 4096];
+                let _ =
+                    tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut req)).await;
+                let body = render();
+                let head = format!("HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(body.as_bytes()).await;
+            });
+        }
+    });
+    Ok(())
+}
+
+/// `sluice server`.
+pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
+    let mut extra = Vec::new();
+    if !args.data_dirs.is_empty() {
+        let dirs =
+            args.data_dirs.iter().map(|d| toml::Value::String(d.display().to_string())).collect();
+        extra.push(("data_dirs".into(), toml::Value::Array(dirs)));
+    }
+    if let Some(b) = args.memory_budget_bytes {
+        extra.push(("memory_budget_bytes".into(), toml::Value::Integer(b as i64)));
+    }
+    if !args.coordinators.is_empty() {
+        let c = args.coordinators.iter().map(|c| toml::Value::String(c.clone())).collect();
+        extra.push(("coordinators".into(), toml::Value::Array(c)));
+    }
+    let config: sluice_server::ServerConfig =
+        load(args.common.config.as_deref(), "SLUICE_SERVER_", &args.common.sets(extra))?;
+    let listen = config.listen.clone();
+    let server = sluice_server::Server::new(config).map_err(anyhow::Error::msg)?;
+    for d in server.state.storage.dirs() {
+        if d.is_failed() {
+            tracing::error!(dir = %d.path.display(), "data directory unusable at start");
+        }
+    }
+    let listener = bind(&listen).await?;
+    if let Some(m) = &args.common.metrics_listen {
+        let (state, transport) = (server.state.clone(), server.transport_stats.clone());
+        serve_metrics(
+            m.clone(),
+            Arc::new(move || sluice_server::Server::metrics(&state, &transport)),
+        )
+        .await?;
+    }
+    server.serve(listener, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// `sluice coordinator`.
+pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<()> {
+    let config: sluice_coordinator::CoordinatorConfig =
+        load(args.common.config.as_deref(), "SLUICE_COORDINATOR_", &args.common.sets(Vec::new()))?;
+    let listener = bind(&config.listen).await?;
+    let coord = sluice_coordinator::Coordinator::new(config).map_err(anyhow::Error::msg)?;
+    if let Some(m) = &args.common.metrics_listen {
+        let c = coord.clone();
+        serve_metrics(m.clone(), Arc::new(move || {
+            format!("# TYPE sluice_coordinator_live_servers gauge\nsluice_coordinator_live_servers {}\n", c.live_servers().len())
+        }))
+        .await?;
+    }
+    coord.serve(listener, shutdown_signal()).await?;
+    Ok(())
+}

@@ -1,0 +1,200 @@
+//! The synthetic shuffle of `sluice local` and the end-to-end benchmarks.
+//!
+//! M map tasks push random records to P partitions; the records of map `m` are a deterministic
+//! function of `(m, salt)`, so a retried or speculative attempt that must win pushes exactly the
+//! same records, and a failed attempt pushes *different* ones (salt ≠ 0) — counting them would
+//! break the checksums. Each partition's expected record count and checksum (sum of CRC32C of
+//! the records) are computed while pushing and compared with what the reducers read back.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use indicatif::ProgressBar;
+use sluice_client::ShuffleClient;
+use sluice_proto::message::Assignment;
+
+/// Per-partition record count and checksum.
+#[derive(Default)]
+pub struct Tally {
+    pub count: Vec<AtomicU64>,
+    pub sum: Vec<AtomicU64>,
+}
+
+impl Tally {
+    pub fn new(partitions: u32) -> Arc<Tally> {
+        Arc::new(Tally {
+            count: (0..partitions).map(|_| AtomicU64::new(0)).collect(),
+            sum: (0..partitions).map(|_| AtomicU64::new(0)).collect(),
+        })
+    }
+}
+
+/// xorshift64*: fast deterministic bytes; quality is irrelevant, speed and repeatability matter.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+/// One map attempt to run.
+#[derive(Clone, Copy)]
+pub struct MapRun {
+    pub map_id: u32,
+    pub attempt_id: u32,
+    /// 0 for the map's real records; anything else makes different records.
+    pub salt: u64,
+    /// Fraction of the records to push (a failing attempt stops part-way).
+    pub fraction: f64,
+    /// Whether this attempt finishes (sends MapperEnd).
+    pub finish: bool,
+    /// Whether its records count in the expected tally.
+    pub counts: bool,
+}
+
+/// Pushes one map attempt's records; returns the record bytes pushed.
+pub async fn run_map(
+    client: &ShuffleClient,
+    a: Arc<Assignment>,
+    run: MapRun,
+    bytes_per_map: u64,
+    record_bytes: usize,
+    expect: &Tally,
+    progress: &ProgressBar,
+) -> anyhow::Result<u64> {
+    let partitions = a.partitions.len() as u64;
+    let mut w = client.writer(a, run.map_id, run.attempt_id).await?;
+    let mut rng = Rng((run.map_id as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ run.salt.wrapping_mul(0xD1B5_4A32_D192_ED03)
+        | 1);
+    let records = ((bytes_per_map / record_bytes as u64) as f64 * run.fraction) as u64;
+    let mut rec = vec![0u8; record_bytes.max(16)];
+    let mut pushed = 0u64;
+    for _ in 0..records {
+        for word in rec.chunks_mut(8) {
+            let v = rng.next().to_le_bytes();
+            word.copy_from_slice(&v[..word.len()]);
+        }
+        let p = (rng.next() % partitions) as u32;
+        if run.counts {
+            expect.count[p as usize].fetch_add(1, Ordering::Relaxed);
+            expect.sum[p as usize].fetch_add(crc32c::crc32c(&rec) as u64, Ordering::Relaxed);
+        }
+        w.write_record(p, &rec).await?;
+        pushed += rec.len() as u64;
+        if pushed % (1 << 20) < rec.len() as u64 {
+            progress.inc(1 << 20);
+        }
+    }
+    if run.finish {
+        w.finish()
+            .await
+            .with_context(|| format!("map {} attempt {}", run.map_id, run.attempt_id))?;
+    }
+    Ok(pushed)
+}
+
+/// The map attempts of a run: a failed-then-retried map 0, a speculative pair for map 1.
+pub fn map_runs(maps: u32) -> Vec<MapRun> {
+    let full = |map_id, attempt_id| MapRun {
+        map_id,
+        attempt_id,
+        salt: 0,
+        fraction: 1.0,
+        finish: true,
+        counts: attempt_id == 0,
+    };
+    let mut runs = Vec::new();
+    for m in 0..maps {
+        match m {
+            // The first attempt dies half-way with different records; the retry wins.
+            0 => {
+                runs.push(MapRun {
+                    map_id: 0,
+                    attempt_id: 0,
+                    salt: 7,
+                    fraction: 0.5,
+                    finish: false,
+                    counts: false,
+                });
+                runs.push(MapRun { attempt_id: 1, counts: true, ..full(0, 1) });
+            }
+            // Speculation: two attempts push the same records and both finish; one wins.
+            1 => {
+                runs.push(full(1, 0));
+                runs.push(MapRun { counts: false, ..full(1, 1) });
+            }
+            _ => runs.push(full(m, 0)),
+        }
+    }
+    runs
+}
+
+/// Reads every partition back (`concurrency` at a time) and tallies its records.
+pub async fn read_all(
+    client: &ShuffleClient,
+    a: &Assignment,
+    maps: u32,
+    concurrency: usize,
+    got: &Tally,
+    progress: &ProgressBar,
+) -> anyhow::Result<u64> {
+    let parts = a.partitions.len() as u32;
+    let next = AtomicU64::new(0);
+    let bytes = AtomicU64::new(0);
+    let worker = || async {
+        loop {
+            let p = next.fetch_add(1, Ordering::Relaxed) as u32;
+            if p >= parts {
+                return Ok::<_, anyhow::Error>(());
+            }
+            let mut r = client
+                .reader(a, p, 0, maps)
+                .await
+                .with_context(|| format!("opening partition {p}"))?;
+            let (mut count, mut sum) = (0u64, 0u64);
+            while let Some(batch) =
+                r.next_batch().await.with_context(|| format!("reading partition {p}"))?
+            {
+                let mut b = &batch[..];
+                while b.len() >= 4 {
+                    let len = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize;
+                    if b.len() < 4 + len {
+                        bail!("partition {p}: record runs past its batch");
+                    }
+                    sum += crc32c::crc32c(&b[4..4 + len]) as u64;
+                    count += 1;
+                    b = &b[4 + len..];
+                }
+                bytes.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                progress.inc(batch.len() as u64);
+            }
+            got.count[p as usize].fetch_add(count, Ordering::Relaxed);
+            got.sum[p as usize].fetch_add(sum, Ordering::Relaxed);
+        }
+    };
+    let results = futures_util::future::join_all((0..concurrency.max(1)).map(|_| worker())).await;
+    results.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+    Ok(bytes.load(Ordering::Relaxed))
+}
+
+/// Partitions whose count or checksum differ.
+pub fn mismatches(expect: &Tally, got: &Tally) -> Vec<u32> {
+    (0..expect.count.len())
+        .filter(|&p| {
+            expect.count[p].load(Ordering::Relaxed) != got.count[p].load(Ordering::Relaxed)
+                || expect.sum[p].load(Ordering::Relaxed) != got.sum[p].load(Ordering::Relaxed)
+        })
+        .map(|p| p as u32)
+        .collect()
+}
+
+/// Seconds since `t`, never zero.
+pub fn secs(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64().max(1e-9)
+}
