@@ -39,7 +39,8 @@ pub struct ServerConfig {
     pub tcp_nodelay: bool,
     /// `SO_SNDBUF` for accepted sockets (bytes); `None` keeps the kernel's autotuning.
     pub send_buffer_bytes: Option<usize>,
-    /// `SO_RCVBUF` for accepted sockets (bytes); `None` keeps the kernel's autotuning.
+    /// `SO_RCVBUF` (bytes), set on the listener so accepted sockets inherit it before their
+    /// window scale is chosen; `None` keeps the kernel's autotuning.
     pub recv_buffer_bytes: Option<usize>,
     /// Requests of one connection handled at once; the connection stops reading beyond this.
     pub max_inflight_requests_per_connection: usize,

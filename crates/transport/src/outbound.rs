@@ -463,9 +463,12 @@ impl Writer {
 
     /// Moves the front frames' progress past `n` written bytes, retiring completed frames.
     fn advance(&mut self, mut n: usize) {
-        let (mut mem, mut files, mut frames) = (0, 0, 0u64);
+        let (mut mem, mut files, mut heads) = (0, 0, 0u64);
         while let Some(f) = self.queue.front_mut() {
             let h = n.min(f.head.len() - f.head_off);
+            if h > 0 && f.head_off + h == f.head.len() {
+                heads += 1;
+            }
             f.head_off += h;
             n -= h;
             if let Body::Memory(b) = &f.body {
@@ -478,11 +481,10 @@ impl Writer {
             }
             mem += f.mem_bytes;
             files += f.file_frames;
-            frames += 1;
             self.queue.pop_front();
         }
         debug_assert_eq!(n, 0, "writev wrote more than was gathered");
-        TransportStats::add(&self.shared.stats.writev_frames, frames);
+        TransportStats::add(&self.shared.stats.writev_frames, heads);
         self.shared.release(mem, files);
     }
 

@@ -33,7 +33,7 @@ stats! {
     writev_bytes,
     /// `writev` calls that moved at least one byte.
     writev_calls,
-    /// Frames whose head (and memory body) completed in a `writev`.
+    /// Frames whose head went out with `writev` (with its memory body, if any).
     writev_frames,
     /// File-body bytes sent through the copy path (`pread` + `write`).
     copy_bytes,

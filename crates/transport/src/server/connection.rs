@@ -63,9 +63,7 @@ pub(super) async fn run<H: Handler>(
 ) {
     TransportStats::add(&stats.connections_open, 1);
     let _open = OpenGauge(stats.clone());
-    if let Err(e) =
-        configure(&stream, cfg.tcp_nodelay, cfg.send_buffer_bytes, cfg.recv_buffer_bytes)
-    {
+    if let Err(e) = configure(&stream, cfg.tcp_nodelay, cfg.send_buffer_bytes, None) {
         tracing::warn!(error = %e, "setting socket options failed");
     }
     let idle = millis(cfg.idle_timeout_ms);

@@ -120,6 +120,12 @@ pub async fn serve<H: Handler>(
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     config.validate().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    if let Some(n) = config.recv_buffer_bytes {
+        // On the listener, so accepted sockets inherit it *before* the handshake picks their
+        // window scale; shrinking SO_RCVBUF after accept can stall a connection whose peer was
+        // already promised a larger window.
+        socket2::SockRef::from(&listener).set_recv_buffer_size(n)?;
+    }
     let config = Arc::new(config);
     // Bounds open connections: a tokio semaphore so the accept loop can await a free slot; each
     // connection task holds its permit until it ends.

@@ -21,7 +21,8 @@ use tokio::task::JoinHandle;
 /// What the test handler does:
 /// - `Push`: answers `ChunkData` echoing the body from memory (after `delay`).
 /// - `FetchChunk{chunk_index}`: answers `ChunkData` with the file region
-///   `[chunk_index*chunk_bytes, +chunk_bytes)` of `file`.
+///   `[chunk_index*chunk_bytes, +chunk_bytes)` of `file`, or without a file `chunk_bytes` bytes
+///   of value `chunk_index as u8` from memory.
 /// - `Ping` never reaches it (the transport answers).
 #[derive(Default)]
 pub struct TestHandler {
@@ -65,7 +66,10 @@ impl Handler for TestHandler {
                         ChunkData { stream_id, chunk_index },
                         Body::File(FileRegion::new(f, chunk_index as u64 * chunk, chunk)),
                     ),
-                    None => Response::error(ErrorCode::UnknownStream, "no file"),
+                    None => Response::with_body(
+                        ChunkData { stream_id, chunk_index },
+                        Bytes::from(vec![chunk_index as u8; chunk as usize]),
+                    ),
                 },
                 Message::AppHeartbeat(_) => Response::msg(PushAck {}),
                 _ => Response::error(ErrorCode::InvalidRequest, "unexpected"),
@@ -154,4 +158,80 @@ pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("timed out waiting for {what}");
+}
+
+/// A raw client socket that has completed the handshake (for sending what `Connection` never
+/// would).
+pub async fn raw_connect(addr: SocketAddr) -> RawPeer {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut peer = RawPeer { stream, buf: bytes::BytesMut::new() };
+    peer.send(&handshake(sluice_proto::message::PROTOCOL_VERSION, sluice_proto::message::MAGIC))
+        .await;
+    let (_, m, _) = peer.read_frame().await.expect("handshake reply");
+    assert!(matches!(m, Message::HandshakeOk(_)), "{m:?}");
+    peer
+}
+
+pub fn handshake(version: u16, magic: u32) -> Vec<u8> {
+    let hs = sluice_proto::message::Handshake {
+        magic,
+        version,
+        features: 1,
+        max_frame_bytes: 64 << 20,
+        app_id: "raw".into(),
+        secret: String::new(),
+    };
+    sluice_proto::encode_frame(0, &Message::Handshake(hs), &[]).to_vec()
+}
+
+pub struct RawPeer {
+    pub stream: tokio::net::TcpStream,
+    pub buf: bytes::BytesMut,
+}
+
+impl RawPeer {
+    pub async fn send(&mut self, bytes: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        self.stream.write_all(bytes).await.unwrap();
+    }
+
+    /// The next frame, or `None` at EOF / reset.
+    pub async fn read_frame(&mut self) -> Option<(u32, Message, Bytes)> {
+        use tokio::io::AsyncReadExt;
+        loop {
+            if let Some(f) = sluice_proto::parse(&mut self.buf, u32::MAX).unwrap() {
+                return Some((f.request_id, f.message, f.body));
+            }
+            match tokio::time::timeout(Duration::from_secs(10), self.stream.read_buf(&mut self.buf))
+                .await
+            {
+                Ok(Ok(0)) | Ok(Err(_)) => return None,
+                Ok(Ok(_)) => {}
+                Err(_) => panic!("no frame within 10 s"),
+            }
+        }
+    }
+
+    /// Reads until EOF (or reset), returning the byte count.
+    pub async fn read_to_end(&mut self) -> usize {
+        use tokio::io::AsyncReadExt;
+        let mut n = self.buf.len();
+        let mut scratch = vec![0u8; 1 << 16];
+        loop {
+            match tokio::time::timeout(Duration::from_secs(10), self.stream.read(&mut scratch))
+                .await
+            {
+                Ok(Ok(0)) | Ok(Err(_)) => return n,
+                Ok(Ok(k)) => n += k,
+                Err(_) => panic!("no EOF within 10 s"),
+            }
+        }
+    }
+}
+
+pub fn expect_error(m: &Message, code: ErrorCode) {
+    match m {
+        Message::Error(e) => assert_eq!(e.code, code.as_u16(), "{e:?}"),
+        other => panic!("expected {code}, got {other:?}"),
+    }
 }
