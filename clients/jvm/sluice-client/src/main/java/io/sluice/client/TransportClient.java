@@ -16,6 +16,7 @@ import io.sluice.protocol.HandshakeOk;
 import io.sluice.protocol.Message;
 import io.sluice.protocol.Ping;
 import io.sluice.protocol.Pong;
+import io.sluice.protocol.ProtocolException;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
@@ -145,8 +146,14 @@ public final class TransportClient implements AutoCloseable {
         requestTimeoutMs, TimeUnit.MILLISECONDS);
     channel.writeAndFlush(withId).addListener(f -> {
       if (!f.isSuccess()) {
-        fail(id, SluiceException.connectionFailure(
-            "writing " + message.type().wireName() + " to " + peer + " failed", f.cause()));
+        Throwable c = f.cause();
+        // A frame the encoder refused (over the negotiated max_frame_bytes) is the caller's
+        // error, not the connection's: it must not be retried as one.
+        fail(id, c != null && c.getCause() instanceof ProtocolException pe
+            ? new SluiceException(pe.code(), message.type().wireName() + " to " + peer + ": "
+                + pe.getMessage(), pe)
+            : SluiceException.connectionFailure(
+                "writing " + message.type().wireName() + " to " + peer + " failed", c));
       }
     });
     return p.future;

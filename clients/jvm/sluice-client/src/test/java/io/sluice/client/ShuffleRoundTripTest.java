@@ -184,6 +184,19 @@ class ShuffleRoundTripTest {
   }
 
   @Test
+  void frameOverTheNegotiatedLimitFailsWithoutRetry() {
+    s1.maxFrameBytes = 64 * 1024;
+    conf = conf.with("sluice.client.pushBatchBytes", "32k");
+    ShuffleAssignment a = coord.registerShuffle(APP, 1, 1, 1, 1);
+    try (ShuffleWriterClient w = new ShuffleWriterClient(factory, conf, APP, 1, 0, 0, a)) {
+      w.addBatch(0, new byte[70_000]); // fits the client's 64 MiB, not the server's 64 KiB
+      SluiceException e = assertThrows(SluiceException.class, w::finish);
+      assertEquals(ErrorCode.FRAME_TOO_LARGE, e.code());
+    }
+    assertEquals(0, s1.data.size());
+  }
+
+  @Test
   void missingBatchIsDataLost() {
     ShuffleAssignment a = coord.registerShuffle(APP, 1, 2, 2, 1);
     writeMap(a, 0, 0, 10, true);

@@ -1,0 +1,82 @@
+package io.sluice.spark;
+
+import org.apache.spark.SparkConf;
+import org.apache.spark.TaskContext;
+import org.apache.spark.network.buffer.ManagedBuffer;
+import org.apache.spark.network.shuffle.MergedBlockMeta;
+import org.apache.spark.scheduler.MapStatus;
+import org.apache.spark.scheduler.MapStatus$;
+import org.apache.spark.serializer.Serializer;
+import org.apache.spark.shuffle.ShuffleBlockResolver;
+import org.apache.spark.storage.BlockId;
+import org.apache.spark.storage.BlockManagerId;
+import org.apache.spark.storage.ShuffleMergedBlockId;
+import org.apache.spark.util.collection.ExternalSorter;
+import scala.Option;
+import scala.Product2;
+import scala.collection.Iterator;
+import scala.collection.Seq;
+import scala.collection.immutable.List$;
+import scala.math.Ordering;
+
+/**
+ * The Sluice shuffle manager for Spark 3.5 (Scala 2.12). Use with
+ * {@code spark.shuffle.manager=io.sluice.spark.SluiceShuffleManager} and
+ * {@code spark.sluice.coordinators=host:port}; the shaded jar must be on the driver's and the
+ * executors' class path ({@code spark.driver.extraClassPath}, {@code spark.executor.extraClassPath}),
+ * since Spark 3.5 creates the shuffle manager before it loads {@code spark.jars}.
+ */
+public final class SluiceShuffleManager extends SluiceShuffleManagerBase {
+  private final ShuffleBlockResolver resolver = new NoLocalBlocks();
+
+  public SluiceShuffleManager(SparkConf conf, boolean isDriver) {
+    super(conf, isDriver, new Shims());
+  }
+
+  @Override
+  public ShuffleBlockResolver shuffleBlockResolver() {
+    return resolver;
+  }
+
+  /** Spark 3.5's signatures. */
+  static final class Shims implements SparkShims {
+    @Override
+    public MapStatus mapStatus(BlockManagerId location, long[] partitionLengths, long mapTaskId) {
+      return MapStatus$.MODULE$.apply(location, partitionLengths, mapTaskId);
+    }
+
+    @Override
+    public <K, C> Iterator<Product2<K, C>> sortByKey(TaskContext context, Ordering<K> ordering,
+        Serializer serializer, Iterator<Product2<K, C>> records) {
+      ExternalSorter<K, C, C> sorter = new ExternalSorter<>(context, Option.empty(),
+          Option.empty(), Option.apply(ordering), serializer);
+      return sorter.insertAllAndUpdateMetrics(records);
+    }
+  }
+
+  /**
+   * Sluice keeps no shuffle blocks in the executors' block managers. Spark still asks the resolver
+   * which blocks a shuffle has when it cleans the shuffle up: none.
+   */
+  static final class NoLocalBlocks implements ShuffleBlockResolver {
+    @Override
+    public ManagedBuffer getBlockData(BlockId blockId, Option<String[]> dirs) {
+      throw new UnsupportedOperationException(
+          "Sluice shuffle data is read from Sluice servers, not from block managers: " + blockId);
+    }
+
+    @Override
+    public Seq<ManagedBuffer> getMergedBlockData(ShuffleMergedBlockId blockId,
+        Option<String[]> dirs) {
+      return List$.MODULE$.empty();
+    }
+
+    @Override
+    public MergedBlockMeta getMergedBlockMeta(ShuffleMergedBlockId blockId, Option<String[]> dirs) {
+      throw new UnsupportedOperationException("Sluice does not use push-based shuffle merging");
+    }
+
+    @Override
+    public void stop() {}
+  }
+}

@@ -1,0 +1,70 @@
+package io.sluice.spark;
+
+import org.apache.spark.TaskContext;
+import org.apache.spark.network.buffer.ManagedBuffer;
+import org.apache.spark.network.shuffle.MergedBlockMeta;
+import org.apache.spark.scheduler.MapStatus;
+import org.apache.spark.scheduler.MapStatus$;
+import org.apache.spark.serializer.Serializer;
+import org.apache.spark.shuffle.ShuffleBlockResolver;
+import org.apache.spark.shuffle.checksum.RowBasedChecksum;
+import org.apache.spark.storage.BlockId;
+import org.apache.spark.storage.BlockManagerId;
+import org.apache.spark.storage.ShuffleMergedBlockId;
+import org.apache.spark.util.collection.ExternalSorter;
+import scala.Option;
+import scala.Product2;
+import scala.collection.Iterator;
+import scala.collection.immutable.List$;
+import scala.collection.immutable.Seq;
+import scala.math.Ordering;
+
+/** What the Spark 4.x managers share: Spark 4's signatures and the block resolver. */
+final class Spark4Support {
+  private Spark4Support() {}
+
+  /** Spark 4.x's signatures. */
+  static final class Shims implements SparkShims {
+    @Override
+    public MapStatus mapStatus(BlockManagerId location, long[] partitionLengths, long mapTaskId) {
+      // The fourth argument is the map output's row-based checksum, which Spark 4 uses to detect
+      // a re-run map producing different data; 0 is Spark's own "no checksum".
+      return MapStatus$.MODULE$.apply(location, partitionLengths, mapTaskId, 0L);
+    }
+
+    @Override
+    public <K, C> Iterator<Product2<K, C>> sortByKey(TaskContext context, Ordering<K> ordering,
+        Serializer serializer, Iterator<Product2<K, C>> records) {
+      ExternalSorter<K, C, C> sorter = new ExternalSorter<>(context, Option.empty(),
+          Option.empty(), Option.apply(ordering), serializer, new RowBasedChecksum[0]);
+      return sorter.insertAllAndUpdateMetrics(records);
+    }
+  }
+
+  /**
+   * Sluice keeps no shuffle blocks in the executors' block managers. Spark 4 still asks the
+   * resolver which blocks a shuffle has when it cleans the shuffle up
+   * (spark.shuffle.service.removeShuffle): none.
+   */
+  static final class NoLocalBlocks implements ShuffleBlockResolver {
+    @Override
+    public ManagedBuffer getBlockData(BlockId blockId, Option<String[]> dirs) {
+      throw new UnsupportedOperationException(
+          "Sluice shuffle data is read from Sluice servers, not from block managers: " + blockId);
+    }
+
+    @Override
+    public Seq<ManagedBuffer> getMergedBlockData(ShuffleMergedBlockId blockId,
+        Option<String[]> dirs) {
+      return List$.MODULE$.empty();
+    }
+
+    @Override
+    public MergedBlockMeta getMergedBlockMeta(ShuffleMergedBlockId blockId, Option<String[]> dirs) {
+      throw new UnsupportedOperationException("Sluice does not use push-based shuffle merging");
+    }
+
+    @Override
+    public void stop() {}
+  }
+}
