@@ -1,0 +1,200 @@
+//! End-to-end shuffle benchmarks on an embedded cluster: `sluice bench push` (ingest into one
+//! server) and `sluice bench fetch` (reading committed data back, zero copy beside the copy path).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Args;
+use serde_json::json;
+use sluice_client::ShuffleClient;
+use sluice_proto::message::Assignment;
+
+use crate::cluster::{Child, Cluster, ClusterSpec};
+use crate::local::{client_for, parse_size};
+use crate::workload::secs;
+
+/// Flags shared by the shuffle benchmarks.
+#[derive(Args, Debug, Clone)]
+pub struct ShuffleBenchArgs {
+    /// Bytes to push (suffixes K, M, G).
+    #[arg(long, default_value = "2G", value_parser = parse_size)]
+    pub bytes: u64,
+    /// Concurrent map writers.
+    #[arg(long, default_value_t = 4)]
+    pub maps: u32,
+    /// Partitions.
+    #[arg(long, default_value_t = 16)]
+    pub partitions: u32,
+    /// Bytes per batch.
+    #[arg(long, default_value = "256K", value_parser = parse_size)]
+    pub batch_bytes: u64,
+    /// Server memory budget.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub memory_budget: u64,
+    /// Partitions read at once (fetch).
+    #[arg(long, default_value_t = 4)]
+    pub readers: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// CPU seconds (user + system) a process has used, from /proc/<pid>/stat.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
+    // Fields after the parenthesised command name; utime and stime are the 14th and 15th.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let hz = rustix::param::clock_ticks_per_second() as f64;
+    (ticks(11) + ticks(12)) / hz
+}
+
+fn payload(bytes: usize) -> Vec<u8> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    (0..bytes)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Pushes `bytes` in ready-made batches from `maps` concurrent writers; returns bytes pushed.
+async fn push_batches(client: &ShuffleClient, a: &Arc<Assignment>, args: &ShuffleBenchArgs) -> anyhow::Result<u64> {
+    let batch = Arc::new(payload(args.batch_bytes as usize));
+    let per_map = args.bytes / args.maps as u64 / args.batch_bytes;
+    let tasks = (0..args.maps).map(|m| {
+        let (client, a, batch) = (client.clone(), a.clone(), batch.clone());
+        let parts = args.partitions;
+        tokio::spawn(async move {
+            let mut w = client.writer(a, m, 0).await?;
+            for i in 0..per_map {
+                w.add_batch(((i + m as u64) % parts as u64) as u32, &batch).await?;
+            }
+            w.finish().await?;
+            Ok::<u64, anyhow::Error>(per_map * batch.len() as u64)
+        })
+    });
+    let mut total = 0;
+    for r in futures_util::future::join_all(tasks).await {
+        total += r??;
+    }
+    Ok(total)
+}
+
+async fn one_server(args: &ShuffleBenchArgs, sets: Vec<String>, data_root: Option<std::path::PathBuf>) -> anyhow::Result<(Cluster, ShuffleClient, Arc<Assignment>)> {
+    let cluster = Cluster::start(&ClusterSpec { servers: 1, memory_budget_bytes: args.memory_budget, data_root, server_sets: vec![sets] })?;
+    let client = client_for(&cluster, "bench").await?;
+    let a = client.register_shuffle(0, args.maps, args.partitions, 1).await?;
+    Ok((cluster, client, a))
+}
+
+fn server(c: &Cluster) -> &Child {
+    &c.servers[0]
+}
+
+/// `sluice bench push`: ingest into one server whose data directory is on tmpfs (memory only:
+/// the figure is the server's ingest path, not the disk).
+pub async fn push(args: ShuffleBenchArgs) -> anyhow::Result<()> {
+    let shm = std::path::Path::new("/dev/shm");
+    let root = shm.is_dir().then(|| shm.to_path_buf());
+    let (cluster, client, a) = one_server(&args, vec!["chunk_bytes=8388608".into()], root.clone()).await?;
+    let cpu0 = cpu_seconds(server(&cluster).pid());
+    let t = Instant::now();
+    let bytes = push_batches(&client, &a, &args).await?;
+    let s = secs(t);
+    let cpu = cpu_seconds(server(&cluster).pid()) - cpu0;
+    let sizes = client.commit_shuffle(&a).await?;
+    let stored: u64 = sizes.iter().sum();
+    let out = json!({
+        "bench": "push",
+        "bytes": bytes,
+        "stored_bytes": stored,
+        "seconds": s,
+        "ingest_gbps": bytes as f64 / s / 1e9,
+        "server_cpu_s_per_gb": cpu / (bytes as f64 / 1e9),
+        "server_peak_rss_bytes": server(&cluster).peak_rss_bytes(),
+        "memory_budget_bytes": args.memory_budget,
+        "data_on_tmpfs": root.is_some(),
+        "writers": args.maps,
+    });
+    if args.json {
+        println!("{out}");
+    } else {
+        println!("bench push: {} writers → 1 server (data on {})", args.maps, if root.is_some() { "tmpfs" } else { "disk" });
+        println!("  pushed {:.2} GiB in {s:.2} s: {:.2} GB/s ingest, server {:.3} CPU s/GB, peak RSS {:.0} MiB",
+            bytes as f64 / (1u64 << 30) as f64, out["ingest_gbps"].as_f64().unwrap_or(0.0),
+            out["server_cpu_s_per_gb"].as_f64().unwrap_or(0.0), server(&cluster).peak_rss_bytes() as f64 / 1048576.0);
+    }
+    anyhow::ensure!(stored >= bytes, "server stored {stored} bytes of {bytes} pushed");
+    Ok(())
+}
+
+/// Reads every partition of a committed shuffle; returns (bytes, seconds, server CPU seconds).
+async fn fetch_all(cluster: &Cluster, client: &ShuffleClient, a: &Assignment, args: &ShuffleBenchArgs) -> anyhow::Result<(u64, f64, f64)> {
+    let cpu0 = cpu_seconds(server(cluster).pid());
+    let t = Instant::now();
+    let bytes = read_batches(client, a, args).await?;
+    let s = secs(t);
+    Ok((bytes, s, cpu_seconds(server(cluster).pid()) - cpu0))
+}
+
+async fn read_batches(client: &ShuffleClient, a: &Assignment, args: &ShuffleBenchArgs) -> anyhow::Result<u64> {
+    let next = std::sync::atomic::AtomicU32::new(0);
+    let worker = || async {
+        let mut bytes = 0u64;
+        loop {
+            let p = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if p >= args.partitions {
+                return Ok::<u64, anyhow::Error>(bytes);
+            }
+            let mut r = client.reader(a, p, 0, args.maps).await?;
+            while let Some(b) = r.next_batch().await? {
+                bytes += b.len() as u64;
+            }
+        }
+    };
+    let mut total = 0;
+    for r in futures_util::future::join_all((0..args.readers).map(|_| worker())).await {
+        total += r?;
+    }
+    Ok(total)
+}
+
+/// `sluice bench fetch`: the same committed data served by a zero-copy server and by a
+/// copy-path server (`transport.zero_copy=false`), measured one after the other in one run.
+pub async fn fetch(args: ShuffleBenchArgs) -> anyhow::Result<()> {
+    let mut rows = Vec::new();
+    for (name, zero_copy) in [("sendfile", true), ("copy", false)] {
+        let sets = vec!["chunk_bytes=8388608".into(), format!("transport.zero_copy={zero_copy}")];
+        let (cluster, client, a) = one_server(&args, sets, None).await?;
+        let pushed = push_batches(&client, &a, &args).await?;
+        client.commit_shuffle(&a).await?;
+        let (bytes, s, cpu) = fetch_all(&cluster, &client, &a, &args).await?;
+        anyhow::ensure!(bytes == pushed, "{name}: read {bytes} of {pushed} bytes");
+        rows.push((name, bytes as f64 / s / 1e9, cpu / (bytes as f64 / 1e9)));
+    }
+    let (z, c) = (rows[0], rows[1]);
+    let out = json!({
+        "bench": "fetch",
+        "bytes": args.bytes,
+        "zero_copy_gbps": z.1, "copy_gbps": c.1,
+        "zero_copy_server_cpu_s_per_gb": z.2, "copy_server_cpu_s_per_gb": c.2,
+        "speedup": z.1 / c.1, "cpu_ratio": z.2 / c.2.max(1e-9),
+        "readers": args.readers,
+    });
+    if args.json {
+        println!("{out}");
+    } else {
+        println!("bench fetch: {:.2} GiB committed, {} readers, one server each", args.bytes as f64 / (1u64 << 30) as f64, args.readers);
+        println!("  {:<9} {:>8} {:>14}", "path", "GB/s", "server CPU s/GB");
+        for (n, g, cpu) in &rows {
+            println!("  {n:<9} {g:>8.2} {cpu:>14.3}");
+        }
+        println!("  ratio     {:>8.2}x {:>13.2}x", z.1 / c.1, z.2 / c.2.max(1e-9));
+    }
+    Ok(())
+}
