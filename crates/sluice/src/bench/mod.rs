@@ -1,5 +1,6 @@
 //! `sluice bench …`: end-to-end figures, each measured beside its baseline in the same run.
 
+pub mod shuffle;
 pub mod transport;
 
 use clap::Subcommand;
@@ -9,6 +10,10 @@ use clap::Subcommand;
 pub enum BenchCommand {
     /// Transport: sendfile vs copy for file bodies, batched vs one-write-per-frame small frames.
     Transport(transport::Args),
+    /// Ingest into one server (data on tmpfs): GB/s and server CPU per GB.
+    Push(shuffle::ShuffleBenchArgs),
+    /// Fetch committed data: sendfile server beside a copy-path server.
+    Fetch(shuffle::ShuffleBenchArgs),
     /// The server process of `bench transport` (started by it; not for direct use).
     #[command(hide = true)]
     TransportServer(transport::ServerArgs),
@@ -19,5 +24,11 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Transport(args) => transport::run(args),
         BenchCommand::TransportServer(args) => transport::run_server(args),
+        BenchCommand::Push(args) => runtime()?.block_on(shuffle::push(args)),
+        BenchCommand::Fetch(args) => runtime()?.block_on(shuffle::fetch(args)),
     }
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()
 }
