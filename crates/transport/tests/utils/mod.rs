@@ -163,7 +163,16 @@ pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
 /// A raw client socket that has completed the handshake (for sending what `Connection` never
 /// would).
 pub async fn raw_connect(addr: SocketAddr) -> RawPeer {
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    raw_connect_with(addr, None).await
+}
+
+/// [`raw_connect`] with a given SO_RCVBUF (set before connecting).
+pub async fn raw_connect_with(addr: SocketAddr, recv_buffer_bytes: Option<u32>) -> RawPeer {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    if let Some(n) = recv_buffer_bytes {
+        socket.set_recv_buffer_size(n).unwrap();
+    }
+    let stream = socket.connect(addr).await.unwrap();
     let mut peer = RawPeer { stream, buf: bytes::BytesMut::new() };
     peer.send(&handshake(sluice_proto::message::PROTOCOL_VERSION, sluice_proto::message::MAGIC))
         .await;
