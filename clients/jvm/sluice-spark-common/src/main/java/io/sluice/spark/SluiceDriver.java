@@ -52,7 +52,7 @@ final class SluiceDriver implements AutoCloseable {
   SluiceDriver(SluiceSparkConf conf, String appId, TransportClientFactory factory) {
     this.conf = conf;
     this.appId = appId;
-    this.coordinator = new CoordinatorClient(factory, conf.client());
+    this.coordinator = new CoordinatorClient(factory);
     coordinator.registerApp(appId);
     this.heartbeats = Executors.newSingleThreadScheduledExecutor(r -> {
       Thread t = new Thread(r, "sluice-app-heartbeat");
@@ -102,7 +102,7 @@ final class SluiceDriver implements AutoCloseable {
     int wireId = nextWireShuffleId.getAndIncrement();
     ShuffleAssignment assignment = coordinator.registerShuffle(appId, wireId, numMaps,
         numPartitions, conf.replication());
-    coordinator.registerShuffleOnServers(appId, assignment);
+    coordinator.registerShuffleOnServers(appId, assignment, numMaps, conf.replication());
     ShuffleGeneration g = new ShuffleGeneration(sparkShuffleId, generation, assignment, false);
     LOG.info("Registered {}: {} maps, {} partitions on {} servers", g, numMaps, numPartitions,
         assignment.servers().size());
@@ -194,8 +194,6 @@ final class SluiceDriver implements AutoCloseable {
     } catch (RuntimeException e) {
       LOG.warn("Could not unregister Sluice application {} (it expires without heartbeats): {}",
           appId, e.toString());
-    } finally {
-      coordinator.close();
     }
   }
 }

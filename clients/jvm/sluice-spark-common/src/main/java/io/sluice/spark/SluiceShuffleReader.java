@@ -1,10 +1,11 @@
 package io.sluice.spark;
 
+import io.netty.buffer.ByteBuf;
+import io.netty.buffer.ByteBufInputStream;
 import io.sluice.client.ShuffleReaderClient;
 import io.sluice.client.SluiceException;
 import io.sluice.client.TransportClientFactory;
 import java.io.InputStream;
-import java.nio.ByteBuffer;
 import java.util.concurrent.TimeUnit;
 import org.apache.spark.Aggregator;
 import org.apache.spark.InterruptibleIterator;
@@ -172,11 +173,11 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
         if (client != null) {
           long start = System.nanoTime();
           boolean more = client.hasNext();
-          ByteBuffer payload = more ? client.next() : null;
+          ByteBuf payload = more ? client.next() : null;
           metrics.incFetchWaitTime(TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - start));
           if (more) {
             metrics.incRemoteBlocksFetched(1);
-            metrics.incRemoteBytesRead(payload.remaining());
+            metrics.incRemoteBytesRead(payload.readableBytes());
             batch = decode(payload);
             return true;
           }
@@ -192,9 +193,13 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
       }
     }
 
-    private Iterator<Tuple2<Object, Object>> decode(ByteBuffer payload) {
+    /**
+     * Records of one batch, decoded as they are consumed. The payload stays valid until the next
+     * call on the client, which comes only once these records are exhausted.
+     */
+    private Iterator<Tuple2<Object, Object>> decode(ByteBuf payload) {
       ShuffleBlockId blockId = new ShuffleBlockId(handle.shuffleId(), 0L, partition);
-      InputStream in = serializerManager.wrapStream(blockId, new ByteBufferInputStream(payload));
+      InputStream in = serializerManager.wrapStream(blockId, new ByteBufInputStream(payload));
       return serializer.deserializeStream(in).asKeyValueIterator();
     }
 
@@ -207,38 +212,6 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
         }
         client = null;
       }
-    }
-  }
-
-  /** Reads a ByteBuffer's remaining bytes without copying them. */
-  static final class ByteBufferInputStream extends InputStream {
-    private final ByteBuffer buf;
-
-    ByteBufferInputStream(ByteBuffer buf) {
-      this.buf = buf;
-    }
-
-    @Override
-    public int read() {
-      return buf.hasRemaining() ? buf.get() & 0xFF : -1;
-    }
-
-    @Override
-    public int read(byte[] b, int off, int len) {
-      if (len == 0) {
-        return 0;
-      }
-      if (!buf.hasRemaining()) {
-        return -1;
-      }
-      int n = Math.min(len, buf.remaining());
-      buf.get(b, off, n);
-      return n;
-    }
-
-    @Override
-    public int available() {
-      return buf.remaining();
     }
   }
 }

@@ -1,5 +1,6 @@
 package io.sluice.spark;
 
+import io.netty.buffer.Unpooled;
 import io.sluice.client.ShuffleWriterClient;
 import io.sluice.client.TransportClientFactory;
 import java.io.IOException;
@@ -137,10 +138,10 @@ final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
       buffers.drainTo(p, out);
     }
     long start = System.nanoTime();
-    client.addBatch(p, compressed.array(), 0, compressed.size());
+    // The client copies the bytes into its per-server frame, so the scratch buffer is reused.
+    client.addBatch(p, Unpooled.wrappedBuffer(compressed.array(), 0, compressed.size()));
     metrics.incWriteTime(System.nanoTime() - start);
     metrics.incBytesWritten(compressed.size());
-    partitionLengths[p] += compressed.size();
   }
 
   @Override
@@ -154,7 +155,9 @@ final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
         return Option.empty();
       }
       long start = System.nanoTime();
-      client.finish();
+      // Bytes stored per partition, batch headers included: what readers will fetch.
+      long[] pushed = client.finish();
+      System.arraycopy(pushed, 0, partitionLengths, 0, numPartitions);
       metrics.incWriteTime(System.nanoTime() - start);
       return Option.apply(shims.mapStatus(SluiceLocations.of(generation), partitionLengths,
           context.taskAttemptId()));
