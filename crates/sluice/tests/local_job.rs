@@ -1,0 +1,83 @@
+//! `sluice local`, the main job, run as a real process: it starts its own coordinator and
+//! servers, shuffles with a retried and a speculative map attempt, and verifies every record.
+
+mod utils;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use utils::{files_under, sluice_bin, Scratch};
+
+/// Runs `sluice local ARGS --json --data-root ROOT` (bounded) and returns its JSON summary.
+fn run_local(args: &[&str], root: &std::path::Path, limit: Duration) -> serde_json::Value {
+    let mut child = Command::new(sluice_bin())
+        .arg("local")
+        .args(args)
+        .args(["--json", "--data-root"])
+        .arg(root)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning sluice local");
+    let start = Instant::now();
+    loop {
+        if let Some(_status) = child.try_wait().expect("waiting for sluice local") {
+            break;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("sluice local {args:?} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().expect("sluice local output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "sluice local {args:?} failed: {}\n{stdout}\n{stderr}", out.status);
+    let line = stdout.lines().rev().find(|l| l.trim_start().starts_with('{')).unwrap_or_else(|| {
+        panic!("no JSON summary from sluice local {args:?}:\n{stdout}\n{stderr}")
+    });
+    serde_json::from_str(line).expect("a JSON summary")
+}
+
+fn check_summary(s: &serde_json::Value, servers: u64) {
+    assert_eq!(s["verified"], serde_json::Value::Bool(true), "{s}");
+    assert_eq!(s["servers"].as_u64(), Some(servers), "{s}");
+    assert_eq!(s["maps"].as_u64(), Some(6), "{s}");
+    assert_eq!(s["partitions"].as_u64(), Some(8), "{s}");
+    assert_eq!(s["mismatched_partitions"].as_array().map(|a| a.len()), Some(0), "{s}");
+    let records = s["records"].as_u64().unwrap_or(0);
+    // 32 MiB of 100-byte records, give or take the rounding per map.
+    assert!(records >= (32 << 20) / 100 - 6 && records <= (32 << 20) / 100, "records {records}: {s}");
+    // Every record is read back (the failed attempt's half is pushed too but never read).
+    let fetched = s["fetched_bytes"].as_u64().unwrap_or(0);
+    assert!(fetched >= records * 100, "fetched {fetched} bytes for {records} records: {s}");
+    assert!(s["server_peak_rss_bytes"].as_u64().unwrap_or(0) > 0, "{s}");
+}
+
+#[test]
+fn local_job_two_servers_verifies() {
+    let scratch = Scratch::new();
+    let s = run_local(
+        &["--bytes", "32M", "--maps", "6", "--partitions", "8"],
+        scratch.path(),
+        Duration::from_secs(60),
+    );
+    check_summary(&s, 2);
+    // The job unregisters its app and removes its data directories.
+    assert!(files_under(scratch.path()).is_empty(), "left behind: {:?}", files_under(scratch.path()));
+}
+
+#[test]
+fn local_job_one_server_verifies() {
+    let scratch = Scratch::new();
+    let s = run_local(
+        &["--bytes", "32M", "--maps", "6", "--partitions", "8", "--servers", "1"],
+        scratch.path(),
+        Duration::from_secs(60),
+    );
+    check_summary(&s, 1);
+    assert!(files_under(scratch.path()).is_empty(), "left behind: {:?}", files_under(scratch.path()));
+}

@@ -1,0 +1,551 @@
+//! Shared harness of the `sluice` integration tests: real `sluice coordinator` / `sluice server`
+//! processes on 127.0.0.1 port 0 (killed on drop), clients wired to them, raw frames, record
+//! payloads that name their map and attempt, `/proc` memory figures and the metrics endpoint.
+//!
+//! Everything that waits is bounded: process start (20 s), registration, metrics scrapes and
+//! every test body (see [`bounded`]).
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use sluice_client::{ClientError, ClientOptions, ShuffleClient};
+use sluice_proto::message::*;
+use sluice_proto::{ErrorCode, Message};
+use sluice_transport::{Body, ClientConfig, Connection, TransportError};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// How long a child may take to print its address.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Runs a test body with a deadline; a hang becomes a failure that names the test.
+pub async fn bounded<T>(what: &str, secs: u64, f: impl std::future::Future<Output = T>) -> T {
+    match tokio::time::timeout(Duration::from_secs(secs), f).await {
+        Ok(v) => v,
+        Err(_) => panic!("{what}: did not finish within {secs} s"),
+    }
+}
+
+/// The `sluice` binary under test.
+pub fn sluice_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_sluice")
+}
+
+/// A child `sluice` process, SIGKILLed and reaped on drop.
+pub struct Proc {
+    child: Option<std::process::Child>,
+    pid: u32,
+    /// The protocol address it printed (`listening on ADDR`).
+    pub addr: SocketAddr,
+    /// The metrics address it printed (`metrics on ADDR`), when asked for.
+    pub metrics: Option<SocketAddr>,
+    /// Its stderr (logs).
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// Spawns `sluice ARGS`, logging to `log`, and waits for its address line(s).
+    pub fn spawn(args: &[String], log: &Path) -> Proc {
+        let want_metrics = args.iter().any(|a| a == "--metrics-listen");
+        let log_file = std::fs::File::create(log).expect("creating the child's log file");
+        let mut child = Command::new(sluice_bin())
+            .args(args)
+            .env("RUST_LOG", std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "info".into()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log_file)
+            .spawn()
+            .expect("spawning sluice");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = std::sync::mpsc::channel::<(bool, String)>();
+        std::thread::spawn(move || {
+            // Keeps draining stdout for the child's whole life.
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(a) = line.strip_prefix("listening on ") {
+                    let _ = tx.send((false, a.trim().to_owned()));
+                } else if let Some(a) = line.strip_prefix("metrics on ") {
+                    let _ = tx.send((true, a.trim().to_owned()));
+                }
+            }
+        });
+        let pid = child.id();
+        let mut proc = Proc { child: Some(child), pid, addr: ([0, 0, 0, 0], 0).into(), metrics: None, log: log.to_owned() };
+        let deadline = std::time::Instant::now() + START_TIMEOUT;
+        let mut have_addr = false;
+        while !have_addr || (want_metrics && proc.metrics.is_none()) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok((false, a)) => {
+                    proc.addr = a.parse().expect("child address");
+                    have_addr = true;
+                }
+                Ok((true, a)) => proc.metrics = Some(a.parse().expect("metrics address")),
+                Err(_) => panic!(
+                    "sluice {} did not print its address within {START_TIMEOUT:?}; log:\n{}",
+                    args.join(" "),
+                    proc.log_text()
+                ),
+            }
+        }
+        proc
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// SIGKILL and reap (idempotent).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        match &mut self.child {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Peak resident set (VmHWM) in bytes.
+    pub fn peak_rss_bytes(&self) -> u64 {
+        proc_status_kib(self.pid, "VmHWM:") * 1024
+    }
+
+    /// The child's stderr so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Scrapes the child's metrics endpoint.
+    pub async fn metrics(&self) -> HashMap<String, f64> {
+        scrape(self.metrics.expect("started with --metrics-listen")).await
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A `/proc/<pid>/status` field in KiB (0 when unreadable).
+pub fn proc_status_kib(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(key))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// `GET /metrics` → `name → value` (comments skipped). Bounded to 5 s.
+pub async fn scrape(addr: SocketAddr) -> HashMap<String, f64> {
+    let text = bounded("metrics scrape", 5, async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connecting to metrics");
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").await.expect("metrics request");
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.expect("metrics response");
+        out
+    })
+    .await;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.trim().to_owned(), v.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// A metric's value (0 when absent).
+pub fn metric(m: &HashMap<String, f64>, name: &str) -> f64 {
+    m.get(name).copied().unwrap_or(0.0)
+}
+
+/// Per-test scratch: a temporary directory for logs and data directories.
+pub struct Scratch {
+    pub dir: tempfile::TempDir,
+    n: std::sync::atomic::AtomicUsize,
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Scratch {
+    pub fn new() -> Scratch {
+        Scratch {
+            dir: tempfile::Builder::new().prefix("sluice-it-").tempdir().expect("tempdir"),
+            n: Default::default(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn log(&self, name: &str) -> PathBuf {
+        let n = self.n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.path().join(format!("{name}-{n}.log"))
+    }
+
+    /// `sluice coordinator --listen LISTEN`.
+    pub fn coordinator_on(&self, listen: &str) -> Proc {
+        let args = ["coordinator", "--listen", listen].map(String::from);
+        Proc::spawn(&args, &self.log("coordinator"))
+    }
+
+    /// `sluice coordinator --listen 127.0.0.1:0`.
+    pub fn coordinator(&self) -> Proc {
+        self.coordinator_on("127.0.0.1:0")
+    }
+
+    /// `sluice server` as described by `spec`.
+    pub fn server(&self, spec: &ServerSpec) -> Proc {
+        let mut args: Vec<String> =
+            vec!["server".into(), "--listen".into(), "127.0.0.1:0".into()];
+        let dirs = if spec.data_dirs.is_empty() {
+            let n = self.n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            vec![self.path().join(format!("data-{n}"))]
+        } else {
+            spec.data_dirs.clone()
+        };
+        for d in dirs {
+            args.push("--data-dir".into());
+            args.push(d.display().to_string());
+        }
+        args.push("--memory-budget-bytes".into());
+        args.push(spec.memory_budget_bytes.to_string());
+        if let Some(c) = spec.coordinator {
+            args.push("--coordinator".into());
+            args.push(c.to_string());
+        }
+        if spec.metrics {
+            args.push("--metrics-listen".into());
+            args.push("127.0.0.1:0".into());
+        }
+        args.push("--set".into());
+        args.push("heartbeat_interval_ms=200".into());
+        for s in &spec.sets {
+            args.push("--set".into());
+            args.push(s.clone());
+        }
+        Proc::spawn(&args, &self.log("server"))
+    }
+}
+
+/// How to start a server.
+#[derive(Clone, Debug)]
+pub struct ServerSpec {
+    /// Empty: one fresh directory under the scratch directory.
+    pub data_dirs: Vec<PathBuf>,
+    pub memory_budget_bytes: u64,
+    pub coordinator: Option<SocketAddr>,
+    pub metrics: bool,
+    /// `--set key=value` entries.
+    pub sets: Vec<String>,
+}
+
+impl Default for ServerSpec {
+    fn default() -> Self {
+        ServerSpec {
+            data_dirs: Vec::new(),
+            memory_budget_bytes: 64 << 20,
+            coordinator: None,
+            metrics: false,
+            sets: Vec::new(),
+        }
+    }
+}
+
+impl ServerSpec {
+    pub fn with_coordinator(c: SocketAddr) -> Self {
+        ServerSpec { coordinator: Some(c), ..Default::default() }
+    }
+}
+
+/// Client transport settings for tests: short connect timeout and back-offs, a request timeout
+/// well under the test deadlines.
+pub fn test_transport() -> ClientConfig {
+    ClientConfig {
+        connect_timeout_ms: 3_000,
+        request_timeout_ms: 20_000,
+        reconnect_backoff_min_ms: 50,
+        reconnect_backoff_max_ms: 500,
+        ..ClientConfig::default()
+    }
+}
+
+/// A native client for `app`, with `coordinator` if any.
+pub fn client(app: &str, coordinator: Option<SocketAddr>) -> ShuffleClient {
+    client_with(app, coordinator, |_| {})
+}
+
+/// [`client`] with options adjusted by `f`.
+pub fn client_with(
+    app: &str,
+    coordinator: Option<SocketAddr>,
+    f: impl FnOnce(&mut ClientOptions),
+) -> ShuffleClient {
+    let mut opts = ClientOptions {
+        coordinators: coordinator.into_iter().map(|c| c.to_string()).collect(),
+        transport: test_transport(),
+        ..ClientOptions::default()
+    };
+    f(&mut opts);
+    ShuffleClient::new(app, opts)
+}
+
+/// A single handshaked connection (no pool), for hand-made requests.
+pub async fn raw(addr: SocketAddr) -> Connection {
+    Connection::connect(addr, &test_transport()).await.expect("connecting")
+}
+
+/// Sends a request without a body; `Ok(message)` or the remote error code.
+pub async fn call(conn: &Connection, msg: impl Into<Message>) -> Result<Message, ErrorCode> {
+    call_body(conn, msg, Bytes::new()).await.map(|(m, _)| m)
+}
+
+/// Sends a request with a body; `Ok((message, body))` or the remote error code (a transport
+/// failure panics: the tests using this expect answers).
+pub async fn call_body(
+    conn: &Connection,
+    msg: impl Into<Message>,
+    body: Bytes,
+) -> Result<(Message, Bytes), ErrorCode> {
+    match conn.request(msg.into(), Body::from(body)).await {
+        Ok(r) => Ok((r.message, r.body)),
+        Err(TransportError::Remote { code, .. }) => Err(code),
+        Err(e) => panic!("transport failure instead of an answer: {e}"),
+    }
+}
+
+/// The wire code of a client error.
+pub fn code<T: std::fmt::Debug>(r: Result<T, ClientError>) -> ErrorCode {
+    match r {
+        Ok(v) => panic!("expected an error, got {v:?}"),
+        Err(e) => e.code(),
+    }
+}
+
+/// Waits (≤ `secs`) until the coordinator assigns over `n` servers (they have registered).
+pub async fn wait_registered(coordinator: SocketAddr, n: usize, secs: u64) {
+    let probe = format!("probe-{}", std::process::id());
+    let start = std::time::Instant::now();
+    loop {
+        if let Ok(conn) = Connection::connect(coordinator, &test_transport()).await {
+            let reg = RegisterShuffle {
+                app_id: probe.clone(),
+                shuffle_id: u32::MAX,
+                num_maps: 1,
+                num_partitions: (n * 8) as u32,
+                replication: 1,
+            };
+            let got = call(&conn, reg).await;
+            let _ = call(&conn, UnregisterShuffle { app_id: probe.clone(), shuffle_id: u32::MAX })
+                .await;
+            if let Ok(Message::Assignment(a)) = got {
+                if a.servers.len() == n {
+                    let _ = call(&conn, UnregisterApp { app_id: probe.clone() }).await;
+                    return;
+                }
+            }
+        }
+        if start.elapsed() > Duration::from_secs(secs) {
+            panic!("{n} servers did not register with {coordinator} within {secs} s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// An assignment made by hand (no coordinator): partition `p` on server `p % servers`.
+pub fn assignment(shuffle_id: u32, servers: &[SocketAddr], partitions: u32) -> Arc<Assignment> {
+    Arc::new(Assignment {
+        shuffle_id,
+        servers: servers
+            .iter()
+            .enumerate()
+            .map(|(i, a)| ServerAddr {
+                server_id: format!("s{i}"),
+                host: a.ip().to_string(),
+                port: a.port(),
+            })
+            .collect(),
+        partitions: (0..partitions)
+            .map(|p| PartitionLoc { primary: (p as usize % servers.len()) as u16, replica: NO_REPLICA })
+            .collect(),
+    })
+}
+
+/// Registers the app and a hand-made assignment's shuffle on every server of it.
+pub async fn register_direct(
+    client: &ShuffleClient,
+    a: &Assignment,
+    num_maps: u32,
+) -> Result<(), ClientError> {
+    for addr in addrs_of(a) {
+        client
+            .request(addr, RegisterApp { app_id: client.app_id().into(), secret: String::new() }.into())
+            .await?;
+        client
+            .request(
+                addr,
+                RegisterShuffle {
+                    app_id: client.app_id().into(),
+                    shuffle_id: a.shuffle_id,
+                    num_maps,
+                    num_partitions: a.partitions.len() as u32,
+                    replication: 1,
+                }
+                .into(),
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// The socket addresses of an assignment's servers.
+pub fn addrs_of(a: &Assignment) -> Vec<SocketAddr> {
+    a.servers.iter().map(|s| format!("{}:{}", s.host, s.port).parse().expect("ip:port")).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Records: each names its map, attempt and sequence number, so a reader can tell attempts apart.
+
+/// Identity of one test record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RecordId {
+    pub map: u32,
+    pub attempt: u32,
+    pub seq: u32,
+}
+
+/// A record of `len` bytes (≥ 12): the id, then a filler derived from it.
+pub fn record(map: u32, attempt: u32, seq: u32, len: usize) -> Vec<u8> {
+    let mut r = Vec::with_capacity(len.max(12));
+    r.put_u32(map);
+    r.put_u32(attempt);
+    r.put_u32(seq);
+    let fill = (map.wrapping_mul(31) ^ attempt.wrapping_mul(7) ^ seq) as u8;
+    r.resize(len.max(12), fill);
+    r
+}
+
+/// Frames records the way `ShuffleWriter::write_record` does (`u32` length, bytes), for
+/// `add_batch`.
+pub fn framed(records: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = BytesMut::new();
+    for r in records {
+        out.put_u32(r.len() as u32);
+        out.put_slice(r);
+    }
+    out.to_vec()
+}
+
+/// Splits a batch payload into its records and checks each one's filler.
+pub fn parse_records(batch: &[u8]) -> Vec<(RecordId, u32)> {
+    let mut out = Vec::new();
+    let mut b = batch;
+    while !b.is_empty() {
+        assert!(b.len() >= 4, "record length runs past the batch");
+        let len = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize;
+        assert!(b.len() >= 4 + len && len >= 12, "record runs past the batch");
+        let r = &b[4..4 + len];
+        let u = |i: usize| u32::from_be_bytes([r[i], r[i + 1], r[i + 2], r[i + 3]]);
+        let id = RecordId { map: u(0), attempt: u(4), seq: u(8) };
+        let want = record(id.map, id.attempt, id.seq, len);
+        assert_eq!(r, &want[..], "record {id:?} corrupted");
+        out.push((id, crc32c::crc32c(r)));
+        b = &b[4 + len..];
+    }
+    out
+}
+
+/// What a partition read delivered.
+#[derive(Debug, Default, Clone)]
+pub struct ReadResult {
+    /// Every record, in delivery order, with its CRC32C.
+    pub records: Vec<(RecordId, u32)>,
+    pub batches_read: u64,
+    pub batches_dropped: u64,
+}
+
+impl ReadResult {
+    /// Record count and sum of CRCs.
+    pub fn tally(&self) -> (usize, u64) {
+        (self.records.len(), self.records.iter().map(|(_, c)| *c as u64).sum())
+    }
+
+    /// Sorted ids.
+    pub fn ids(&self) -> Vec<RecordId> {
+        let mut v: Vec<_> = self.records.iter().map(|(id, _)| *id).collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+/// Reads partition `p` over maps `[start, end)` with the native reader.
+pub async fn read_partition(
+    client: &ShuffleClient,
+    a: &Assignment,
+    p: u32,
+    start: u32,
+    end: u32,
+) -> Result<ReadResult, ClientError> {
+    let mut r = client.reader(a, p, start, end).await?;
+    let mut out = ReadResult::default();
+    while let Some(b) = r.next_batch().await? {
+        out.records.extend(parse_records(&b));
+    }
+    out.batches_read = r.batches_read;
+    out.batches_dropped = r.batches_dropped;
+    Ok(out)
+}
+
+/// Regular files under `dir`, recursively (missing dir: none).
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            let p = e.path();
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(p),
+                Ok(t) if t.is_file() => out.push(p),
+                _ => {}
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Polls `cond` every 50 ms for up to `secs`; returns whether it became true.
+pub async fn eventually(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if cond() {
+            return true;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
