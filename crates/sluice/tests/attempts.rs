@@ -1,0 +1,209 @@
+//! Map attempts against real servers: a failed-and-retried map, a speculative pair (first
+//! `MapperEnd` wins), and a push repeated after a lost acknowledgement.
+
+mod utils;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use sluice_proto::batch::put_batch;
+use sluice_proto::message::*;
+use sluice_proto::Message;
+use utils::*;
+
+/// Sum of a counter over servers.
+async fn total(servers: &[&Proc], name: &str) -> f64 {
+    let mut t = 0.0;
+    for s in servers {
+        t += metric(&s.metrics().await, name);
+    }
+    t
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_and_speculative_attempts_read_once() {
+    bounded("retried_and_speculative_attempts_read_once", 30, async {
+        let scratch = Scratch::new();
+        let coord = scratch.coordinator();
+        let spec = ServerSpec { metrics: true, ..ServerSpec::with_coordinator(coord.addr) };
+        let (s1, s2) = (scratch.server(&spec), scratch.server(&spec));
+        wait_registered(coord.addr, 2, 15).await;
+        let servers = [&s1, &s2];
+
+        let client = client("attempts", Some(coord.addr));
+        client.register_app().await.expect("register app");
+        let parts = 4u32;
+        let a = client.register_shuffle(1, 3, parts, 1).await.expect("register shuffle");
+        assert_eq!(a.servers.len(), 2, "both servers in the assignment");
+
+        // Map 0, attempt 0: six large batches (each sent alone as a Push), then it "dies".
+        let pushes_before = total(&servers, "sluice_server_push_requests_total").await;
+        let mut w00 = client.writer(a.clone(), 0, 0).await.unwrap();
+        for seq in 0..6u32 {
+            let payload = framed(&[record(0, 0, seq, 70_000)]);
+            w00.add_batch(seq % parts, &payload).await.unwrap();
+        }
+        // Make sure attempt 0's batches are really stored before it is abandoned.
+        let stored = async {
+            loop {
+                let n = total(&servers, "sluice_server_push_requests_total").await;
+                if n >= pushes_before + 6.0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        bounded("attempt 0's pushes to be acknowledged", 10, stored).await;
+        drop(w00); // never finishes
+
+        // Map 0, attempt 1: different records (small ones, merged), finishes.
+        let mut w01 = client.writer(a.clone(), 0, 1).await.unwrap();
+        for seq in 0..40u32 {
+            w01.write_record(seq % parts, &record(0, 1, seq, 100)).await.unwrap();
+        }
+        w01.finish().await.expect("map 0 attempt 1 finishes");
+
+        // Map 1, attempts 0 and 1 push the same records; attempt 0 ends first and wins.
+        let mut w10 = client.writer(a.clone(), 1, 0).await.unwrap();
+        let mut w11 = client.writer(a.clone(), 1, 1).await.unwrap();
+        for seq in 0..30u32 {
+            w10.write_record(seq % parts, &record(1, 0, seq, 200)).await.unwrap();
+            w11.write_record(seq % parts, &record(1, 1, seq, 200)).await.unwrap();
+        }
+        w10.finish().await.expect("map 1 attempt 0 finishes");
+        w11.finish().await.expect("map 1 attempt 1 finishes too (it just loses)");
+
+        // Map 2: one plain attempt.
+        let mut w2 = client.writer(a.clone(), 2, 0).await.unwrap();
+        for seq in 0..20u32 {
+            w2.write_record(seq % parts, &record(2, 0, seq, 50)).await.unwrap();
+        }
+        w2.finish().await.unwrap();
+
+        // MapperEndResult names the first attempt to report, whoever asks later.
+        for addr in addrs_of(&a) {
+            for (map, attempt, winner) in [(1, 1, 0), (1, 7, 0), (0, 0, 1), (0, 1, 1)] {
+                let end = MapperEnd {
+                    app_id: client.app_id().into(),
+                    shuffle_id: 1,
+                    map_id: map,
+                    attempt_id: attempt,
+                    batch_counts: vec![],
+                };
+                match client.request(addr, end.into()).await {
+                    Ok(Message::MapperEndResult(r)) => assert_eq!(
+                        r.winning_attempt, winner,
+                        "late MapperEnd of map {map} attempt {attempt} on {addr}"
+                    ),
+                    other => panic!("MapperEnd: {other:?}"),
+                }
+            }
+        }
+
+        client.commit_shuffle(&a).await.expect("commit");
+        let mut per_attempt: BTreeMap<(u32, u32), Vec<u32>> = BTreeMap::new();
+        let mut dropped = 0;
+        for p in 0..parts {
+            let r = read_partition(&client, &a, p, 0, 3).await.expect("read");
+            dropped += r.batches_dropped;
+            for (id, _) in r.records {
+                assert_eq!(id.seq % parts, p, "record {id:?} in the wrong partition");
+                per_attempt.entry((id.map, id.attempt)).or_default().push(id.seq);
+            }
+        }
+        for seqs in per_attempt.values_mut() {
+            seqs.sort_unstable();
+        }
+        let attempts: Vec<_> = per_attempt.keys().copied().collect();
+        assert_eq!(attempts, vec![(0, 1), (1, 0), (2, 0)], "exactly one attempt per map");
+        assert_eq!(per_attempt[&(0, 1)], (0..40).collect::<Vec<_>>());
+        assert_eq!(per_attempt[&(1, 0)], (0..30).collect::<Vec<_>>());
+        assert_eq!(per_attempt[&(2, 0)], (0..20).collect::<Vec<_>>());
+        // The losers' batches were there and filtered: 6 of map 0 attempt 0, and one per
+        // partition of map 1 attempt 1.
+        assert_eq!(dropped, 6 + parts as u64, "batches dropped by the readers");
+    })
+    .await
+}
+
+/// Push frames for one batch of map 0 attempt 0.
+fn one_batch(payload: &[u8]) -> Bytes {
+    let mut body = BytesMut::new();
+    put_batch(&mut body, 0, 0, 0, payload);
+    body.freeze()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_push_after_lost_ack_is_read_once() {
+    bounded("duplicate_push_after_lost_ack_is_read_once", 30, async {
+        let scratch = Scratch::new();
+        let server = scratch.server(&ServerSpec::default());
+        let conn = raw(server.addr).await;
+        let app = "dup-app".to_string();
+        call(&conn, RegisterApp { app_id: app.clone(), secret: String::new() }).await.unwrap();
+        let reg = RegisterShuffle {
+            app_id: app.clone(),
+            shuffle_id: 5,
+            num_maps: 1,
+            num_partitions: 2,
+            replication: 1,
+        };
+        call(&conn, reg).await.unwrap();
+
+        let rec = record(0, 0, 42, 300);
+        let body = one_batch(&framed(&[rec.clone()]));
+        let push = Push { app_id: app.clone(), shuffle_id: 5, partition_id: 1 };
+        // The same frame twice: the first ack was "lost", the client sent it again.
+        for _ in 0..2 {
+            let (m, _) = call_body(&conn, push.clone(), body.clone()).await.expect("push");
+            assert!(matches!(m, Message::PushAck(_)), "{m:?}");
+        }
+        let end = MapperEnd {
+            app_id: app.clone(),
+            shuffle_id: 5,
+            map_id: 0,
+            attempt_id: 0,
+            batch_counts: vec![BatchCount { partition_id: 1, batches: 1 }],
+        };
+        match call(&conn, end).await {
+            Ok(Message::MapperEndResult(r)) => assert_eq!(r.winning_attempt, 0),
+            other => panic!("MapperEnd: {other:?}"),
+        }
+        match call(&conn, CommitShuffle { app_id: app.clone(), shuffle_id: 5 }).await {
+            Ok(Message::CommitResult(c)) => {
+                assert_eq!(c.partitions.len(), 1, "{c:?}");
+                assert_eq!(c.partitions[0].partition, 1);
+            }
+            other => panic!("commit: {other:?}"),
+        }
+
+        // The raw stream names one committed batch for the map.
+        let open = OpenStream {
+            app_id: app.clone(),
+            shuffle_id: 5,
+            partition_id: 1,
+            map_start: 0,
+            map_end: 1,
+        };
+        match call(&conn, open).await {
+            Ok(Message::StreamHandle(h)) => {
+                assert_eq!(h.committed, vec![CommittedMap { map_id: 0, attempt_id: 0, batches: 1 }]);
+                assert!(!h.chunk_lengths.is_empty());
+                call(&conn, CloseStream { stream_id: h.stream_id }).await.unwrap();
+            }
+            other => panic!("OpenStream: {other:?}"),
+        }
+
+        // The native reader delivers the record exactly once.
+        let client = client(&app, None);
+        let a = assignment(5, &[server.addr], 2);
+        let r = read_partition(&client, &a, 1, 0, 1).await.expect("read");
+        assert_eq!(r.records.len(), 1, "{r:?}");
+        assert_eq!(r.records[0].0, RecordId { map: 0, attempt: 0, seq: 42 });
+        assert_eq!(r.batches_read, 1);
+        let empty = read_partition(&client, &a, 0, 0, 1).await.expect("read partition 0");
+        assert!(empty.records.is_empty());
+    })
+    .await
+}
