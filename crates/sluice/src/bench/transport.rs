@@ -1,21 +1,577 @@
-//! `sluice bench transport` (work in progress).
+//! `sluice bench transport`: the transport's two fast paths, each beside its baseline in the same
+//! run, with the server in a separate process (this binary re-executed as the hidden
+//! `sluice bench transport-server`) over loopback:
+//!
+//! - **file bodies**: a page-cached file served in chunks (`FetchChunk` → `ChunkData` with a
+//!   file-region body) by a zero-copy server (`sendfile`) and by a copy-path server (`pread` +
+//!   `write`): GB/s and the server process's CPU seconds per GB (`getrusage` in the child);
+//! - **small frames**: 1 KiB frames pushed one way through the transport's writer, batched
+//!   (many frames per `writev`) and one write per frame: messages per second.
+//!
+//! The child talks to the parent over stdin/stdout: it prints `ports <zero-copy> <copy> <sink>`
+//! once, then answers `cpu` with `cpu <seconds>` and `stats` with `stats <json>`; it exits when
+//! stdin closes.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use serde::Serialize;
+use sluice_proto::message::{ChunkData, FetchChunk};
+use sluice_proto::{ErrorCode, Message};
+use sluice_transport::{
+    serve, Body, ClientConfig, ConnInfo, Connection, FileRegion, FrameReader, Handler, OutFrame,
+    Outbound, Request, Response, ServerConfig, TransportStats, WriterOptions,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 
 /// Options of `sluice bench transport`.
-#[derive(clap::Args)]
+#[derive(clap::Args, Debug)]
 pub struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Size of the served file, GiB (created in a temp dir and read once to warm the cache).
+    #[arg(long, default_value_t = 1.0)]
+    pub file_gib: f64,
+    /// Chunk (body) size of the file test, MiB.
+    #[arg(long, default_value_t = 4)]
+    pub chunk_mib: u64,
+    /// Passes over the file per measurement.
+    #[arg(long, default_value_t = 3)]
+    pub passes: u32,
+    /// Chunk requests in flight at once on the connection.
+    #[arg(long, default_value_t = 4)]
+    pub pipeline: usize,
+    /// Measurements of each mode (alternating); the best of each is reported.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: u32,
+    /// Small frames sent per small-frame measurement.
+    #[arg(long, default_value_t = 2_000_000)]
+    pub frames: u64,
+    /// Body bytes of each small frame.
+    #[arg(long, default_value_t = 1024)]
+    pub frame_bytes: usize,
+    /// Frames per `writev` in the batched run.
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// Directory for the temp file (default: the system temp dir).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
 }
 
 /// Options of the hidden server child.
-#[derive(clap::Args)]
-pub struct ServerArgs {}
-
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+#[derive(clap::Args, Debug)]
+pub struct ServerArgs {
+    /// The file to serve.
+    #[arg(long)]
+    pub file: PathBuf,
+    /// Chunk size, bytes.
+    #[arg(long)]
+    pub chunk_bytes: u64,
 }
 
-pub fn run_server(_args: ServerArgs) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+/// Everything one run measured (the `--json` output).
+#[derive(Debug, Serialize)]
+struct Results {
+    file_bytes: u64,
+    chunk_bytes: u64,
+    passes: u32,
+    pipeline: usize,
+    zero_copy_gbps: f64,
+    copy_gbps: f64,
+    zero_copy_server_cpu_s_per_gb: f64,
+    copy_server_cpu_s_per_gb: f64,
+    /// zero_copy_gbps / copy_gbps.
+    zero_copy_speedup: f64,
+    /// zero-copy CPU per GB / copy CPU per GB (lower is better).
+    zero_copy_cpu_ratio: f64,
+    frame_body_bytes: usize,
+    frames: u64,
+    batch: usize,
+    batched_msgs_per_s: f64,
+    unbatched_msgs_per_s: f64,
+    /// batched / unbatched.
+    batching_speedup: f64,
+    /// Server counters: bytes the zero-copy server sent with sendfile and with the copy path,
+    /// and the same for the copy-path server (a check that each ran the path it claims).
+    zero_copy_server_sendfile_bytes: u64,
+    zero_copy_server_copy_bytes: u64,
+    copy_server_sendfile_bytes: u64,
+    copy_server_copy_bytes: u64,
+    /// 1-minute load average before and after the run (other work on the machine).
+    loadavg_before: String,
+    loadavg_after: String,
+}
+
+/// Runs the benchmark and prints its results.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.chunk_mib == 0 || args.pipeline == 0 || args.batch == 0 || args.batch > 512 {
+        bail!("--chunk-mib and --pipeline must be positive and --batch in 1..=512");
+    }
+    let loadavg_before = loadavg();
+    let dir = match &args.dir {
+        Some(d) => tempfile::tempdir_in(d),
+        None => tempfile::tempdir(),
+    }
+    .context("creating a temp dir")?;
+    let path = dir.path().join("bench-transport.dat");
+    let chunk_bytes = args.chunk_mib << 20;
+    let file_bytes =
+        ((args.file_gib * (1u64 << 30) as f64) as u64).div_ceil(chunk_bytes).max(1) * chunk_bytes;
+    progress(
+        &args,
+        &format!("writing and warming a {} MiB file in {}", file_bytes >> 20, dir.path().display()),
+    );
+    write_file(&path, file_bytes)?;
+    warm(&path)?;
+
+    let mut child = ServerChild::spawn(&path, chunk_bytes)?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let result = rt.block_on(measure(&args, &mut child, file_bytes, chunk_bytes));
+    child.stop();
+    let mut r = result?;
+    r.loadavg_before = loadavg_before;
+    r.loadavg_after = loadavg();
+    if args.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        print_table(&r);
+    }
+    Ok(())
+}
+
+async fn measure(
+    args: &Args,
+    child: &mut ServerChild,
+    file_bytes: u64,
+    chunk_bytes: u64,
+) -> anyhow::Result<Results> {
+    let (zc_addr, copy_addr, sink_addr) = child.addrs;
+    let chunks = file_bytes / chunk_bytes;
+    let total_chunks = chunks * args.passes as u64;
+    let (mut zc, mut cp) = ((0.0f64, f64::MAX), (0.0f64, f64::MAX));
+    for round in 0..args.rounds {
+        for (zero_copy, addr) in [(true, zc_addr), (false, copy_addr)] {
+            let cpu0 = child.cpu()?;
+            let t = Instant::now();
+            fetch_chunks(addr, total_chunks, chunks, chunk_bytes, args.pipeline).await?;
+            let secs = t.elapsed().as_secs_f64();
+            let cpu = child.cpu()? - cpu0;
+            let gb = (total_chunks * chunk_bytes) as f64 / 1e9;
+            let (gbps, cpu_per_gb) = (gb / secs, cpu / gb);
+            progress(
+                args,
+                &format!(
+                    "round {round}: {} {gbps:.2} GB/s, server {cpu_per_gb:.3} CPU s/GB",
+                    mode(zero_copy)
+                ),
+            );
+            let best = if zero_copy { &mut zc } else { &mut cp };
+            if gbps > best.0 {
+                *best = (gbps, cpu_per_gb);
+            }
+        }
+    }
+    let stats = child.stats()?;
+
+    let (mut batched, mut unbatched) = (0.0f64, 0.0f64);
+    for round in 0..args.rounds {
+        for batch in [args.batch, 1] {
+            let rate = push_frames(sink_addr, args.frames, args.frame_bytes, batch).await?;
+            progress(
+                args,
+                &format!("round {round}: {batch} frames/writev: {:.2} M msg/s", rate / 1e6),
+            );
+            let best = if batch == 1 { &mut unbatched } else { &mut batched };
+            *best = best.max(rate);
+        }
+    }
+
+    Ok(Results {
+        file_bytes,
+        chunk_bytes,
+        passes: args.passes,
+        pipeline: args.pipeline,
+        zero_copy_gbps: zc.0,
+        copy_gbps: cp.0,
+        zero_copy_server_cpu_s_per_gb: zc.1,
+        copy_server_cpu_s_per_gb: cp.1,
+        zero_copy_speedup: zc.0 / cp.0,
+        zero_copy_cpu_ratio: zc.1 / cp.1,
+        frame_body_bytes: args.frame_bytes,
+        frames: args.frames,
+        batch: args.batch,
+        batched_msgs_per_s: batched,
+        unbatched_msgs_per_s: unbatched,
+        batching_speedup: batched / unbatched,
+        zero_copy_server_sendfile_bytes: stats.zero_copy.sendfile_bytes,
+        zero_copy_server_copy_bytes: stats.zero_copy.copy_bytes,
+        copy_server_sendfile_bytes: stats.copy.sendfile_bytes,
+        copy_server_copy_bytes: stats.copy.copy_bytes,
+        loadavg_before: String::new(),
+        loadavg_after: String::new(),
+    })
+}
+
+fn mode(zero_copy: bool) -> &'static str {
+    if zero_copy {
+        "sendfile"
+    } else {
+        "copy    "
+    }
+}
+
+/// Fetches `total` chunks (cycling over the file) through one connection, `pipeline` at a time.
+async fn fetch_chunks(
+    addr: SocketAddr,
+    total: u64,
+    chunks: u64,
+    chunk_bytes: u64,
+    pipeline: usize,
+) -> anyhow::Result<()> {
+    let conn = Arc::new(Connection::connect(addr, &ClientConfig::default()).await?);
+    let mut tasks = Vec::new();
+    for lane in 0..pipeline as u64 {
+        let conn = conn.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut i = lane;
+            while i < total {
+                let chunk_index = (i % chunks) as u32;
+                let reply = conn
+                    .request(
+                        Message::FetchChunk(FetchChunk { stream_id: 1, chunk_index }),
+                        Body::Empty,
+                    )
+                    .await?;
+                if reply.body.len() as u64 != chunk_bytes {
+                    bail!(
+                        "chunk {chunk_index}: {} bytes, expected {chunk_bytes}",
+                        reply.body.len()
+                    );
+                }
+                i += pipeline as u64;
+            }
+            Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
+
+/// Pushes `frames` frames of `frame_bytes` body one way into the child's sink through the
+/// transport's writer with at most `batch` frames per `writev`; returns messages per second.
+async fn push_frames(
+    addr: SocketAddr,
+    frames: u64,
+    frame_bytes: usize,
+    batch: usize,
+) -> anyhow::Result<f64> {
+    let stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let (mut rd, mut wr) = stream.into_split();
+    wr.write_all(&frames.to_be_bytes()).await?;
+    let opts = WriterOptions {
+        max_frames_per_write: batch,
+        ..WriterOptions::from(&ClientConfig::default())
+    };
+    let stats = Arc::new(TransportStats::default());
+    let (outbound, writer) = Outbound::start(wr, opts, stats.clone());
+    let body = Bytes::from(vec![0x5a; frame_bytes]);
+    let message = Message::ChunkData(ChunkData { stream_id: 7, chunk_index: 0 });
+    let t = Instant::now();
+    for i in 0..frames {
+        let frame = OutFrame::new(i as u32, &message, Body::Memory(body.clone()), u32::MAX)?;
+        outbound.send(frame).await?;
+    }
+    let mut ack = [0u8; 8];
+    rd.read_exact(&mut ack).await.context("waiting for the sink's count")?;
+    let secs = t.elapsed().as_secs_f64();
+    if u64::from_be_bytes(ack) != frames {
+        bail!("the sink counted {} frames, expected {frames}", u64::from_be_bytes(ack));
+    }
+    outbound.close();
+    writer.await??;
+    let s = stats.snapshot();
+    if batch == 1 && s.writev_calls < frames {
+        bail!("one write per frame expected, got {} writes for {frames} frames", s.writev_calls);
+    }
+    Ok(frames as f64 / secs)
+}
+
+/// The child process, seen from the parent.
+struct ServerChild {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    addrs: (SocketAddr, SocketAddr, SocketAddr),
+}
+
+#[derive(serde::Deserialize)]
+struct ChildStats {
+    zero_copy: CountersJson,
+    copy: CountersJson,
+}
+
+#[derive(serde::Deserialize)]
+struct CountersJson {
+    sendfile_bytes: u64,
+    copy_bytes: u64,
+}
+
+impl ServerChild {
+    fn spawn(path: &std::path::Path, chunk_bytes: u64) -> anyhow::Result<ServerChild> {
+        let exe = std::env::current_exe()?;
+        let mut child = Command::new(exe)
+            .args([
+                "bench",
+                "transport-server",
+                "--chunk-bytes",
+                &chunk_bytes.to_string(),
+                "--file",
+            ])
+            .arg(path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting the server child")?;
+        let stdin = child.stdin.take();
+        let mut stdout = BufReader::new(child.stdout.take().context("child stdout")?);
+        let mut line = String::new();
+        stdout.read_line(&mut line)?;
+        let ports: Vec<u16> = line
+            .strip_prefix("ports ")
+            .context("child's ports line")?
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()?;
+        let [a, b, c] = ports[..] else { bail!("child printed {line:?}") };
+        let at = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
+        Ok(ServerChild { child, stdin, stdout, addrs: (at(a), at(b), at(c)) })
+    }
+
+    fn ask(&mut self, what: &str) -> anyhow::Result<String> {
+        let stdin = self.stdin.as_mut().context("child stdin")?;
+        writeln!(stdin, "{what}")?;
+        stdin.flush()?;
+        let mut line = String::new();
+        self.stdout.read_line(&mut line)?;
+        let answer = line.trim_end().strip_prefix(what).context("child's answer")?;
+        Ok(answer.trim().to_string())
+    }
+
+    fn cpu(&mut self) -> anyhow::Result<f64> {
+        Ok(self.ask("cpu")?.parse()?)
+    }
+
+    fn stats(&mut self) -> anyhow::Result<ChildStats> {
+        Ok(serde_json::from_str(&self.ask("stats")?)?)
+    }
+
+    fn stop(mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// The child: a zero-copy server, a copy-path server and a frame sink on loopback.
+pub fn run_server(args: ServerArgs) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let file = Arc::new(File::open(&args.file)?);
+    let file_len = file.metadata()?.len();
+    let handler = Arc::new(ChunkServer { file, file_len, chunk_bytes: args.chunk_bytes });
+    let zc_stats = Arc::new(TransportStats::default());
+    let copy_stats = Arc::new(TransportStats::default());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let ports = rt.block_on(async {
+        let zc = TcpListener::bind("127.0.0.1:0").await?;
+        let cp = TcpListener::bind("127.0.0.1:0").await?;
+        let sink = TcpListener::bind("127.0.0.1:0").await?;
+        let ports = (zc.local_addr()?.port(), cp.local_addr()?.port(), sink.local_addr()?.port());
+        for (listener, zero_copy, stats) in
+            [(zc, true, zc_stats.clone()), (cp, false, copy_stats.clone())]
+        {
+            let cfg = ServerConfig { zero_copy, ..ServerConfig::default() };
+            let mut stop = stop_rx.clone();
+            tokio::spawn(serve(listener, handler.clone(), cfg, stats, async move {
+                let _ = stop.wait_for(|s| *s).await;
+            }));
+        }
+        tokio::spawn(sink_loop(sink));
+        anyhow::Ok(ports)
+    })?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "ports {} {} {}", ports.0, ports.1, ports.2)?;
+    out.flush()?;
+    for line in std::io::stdin().lock().lines() {
+        match line?.trim() {
+            "cpu" => writeln!(out, "cpu {}", process_cpu_seconds())?,
+            "stats" => {
+                let (z, c) = (zc_stats.snapshot(), copy_stats.snapshot());
+                let j = serde_json::json!({ "zero_copy": z, "copy": c });
+                writeln!(out, "stats {j}")?
+            }
+            other => writeln!(out, "unknown {other}")?,
+        }
+        out.flush()?;
+    }
+    let _ = stop_tx.send(true);
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    Ok(())
+}
+
+/// Serves `FetchChunk{chunk_index}` with the file region of that chunk.
+struct ChunkServer {
+    file: Arc<File>,
+    file_len: u64,
+    chunk_bytes: u64,
+}
+
+impl Handler for ChunkServer {
+    fn handle(
+        &self,
+        _conn: &Arc<ConnInfo>,
+        req: Request,
+    ) -> impl std::future::Future<Output = Response> + Send + 'static {
+        let resp = match req.message {
+            Message::FetchChunk(FetchChunk { stream_id, chunk_index }) => {
+                let offset = chunk_index as u64 * self.chunk_bytes;
+                if offset >= self.file_len {
+                    Response::error(ErrorCode::ChunkOutOfRange, format!("chunk {chunk_index}"))
+                } else {
+                    let len = self.chunk_bytes.min(self.file_len - offset);
+                    let region = FileRegion::new(self.file.clone(), offset, len);
+                    Response::with_body(ChunkData { stream_id, chunk_index }, Body::File(region))
+                }
+            }
+            _ => Response::error(ErrorCode::InvalidRequest, "only FetchChunk here"),
+        };
+        std::future::ready(resp)
+    }
+}
+
+/// Each sink connection: an 8-byte frame count, then that many frames (decoded, bodies read
+/// into their own buffers like a server would), then the count is written back.
+async fn sink_loop(listener: TcpListener) {
+    while let Ok((stream, _)) = listener.accept().await {
+        tokio::spawn(async move {
+            if let Err(e) = sink_conn(stream).await {
+                tracing::warn!(error = %e, "sink connection failed");
+            }
+        });
+    }
+}
+
+async fn sink_conn(stream: TcpStream) -> anyhow::Result<()> {
+    stream.set_nodelay(true)?;
+    let (mut rd, mut wr) = stream.into_split();
+    let mut n = [0u8; 8];
+    rd.read_exact(&mut n).await?;
+    let want = u64::from_be_bytes(n);
+    let mut reader = FrameReader::new(rd, u32::MAX, None);
+    let mut got = 0u64;
+    while got < want {
+        let Some((h, _message)) = reader.read_head().await? else {
+            bail!("sink: peer left after {got} frames")
+        };
+        let body = reader.read_body(h.body_len()).await?;
+        std::hint::black_box(body);
+        got += 1;
+    }
+    wr.write_all(&got.to_be_bytes()).await?;
+    Ok(())
+}
+
+/// User + system CPU seconds of this process.
+fn process_cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes into the zeroed struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return f64::NAN;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+fn write_file(path: &std::path::Path, len: u64) -> anyhow::Result<()> {
+    let mut f = File::create(path)?;
+    let mut block = vec![0u8; 4 << 20];
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    for b in block.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
+    }
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(block.len() as u64) as usize;
+        f.write_all(&block[..n])?;
+        left -= n as u64;
+    }
+    f.sync_data()?;
+    Ok(())
+}
+
+/// Reads the file once so the measurement sees it in the page cache.
+fn warm(path: &std::path::Path) -> anyhow::Result<()> {
+    let mut f = File::open(path)?;
+    let mut buf = vec![0u8; 4 << 20];
+    while f.read(&mut buf)? > 0 {}
+    Ok(())
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn progress(args: &Args, text: &str) {
+    if !args.json {
+        eprintln!("  {text}");
+    }
+}
+
+fn print_table(r: &Results) {
+    println!("sluice bench transport — loopback, server in a separate process");
+    println!(
+        "file bodies: {} MiB file (page cache), {} MiB chunks, {} passes, {} in flight",
+        r.file_bytes >> 20,
+        r.chunk_bytes >> 20,
+        r.passes,
+        r.pipeline
+    );
+    println!("  {:<22} {:>10} {:>18}", "path", "GB/s", "server CPU s/GB");
+    println!(
+        "  {:<22} {:>10.2} {:>18.3}",
+        "sendfile (zero copy)", r.zero_copy_gbps, r.zero_copy_server_cpu_s_per_gb
+    );
+    println!(
+        "  {:<22} {:>10.2} {:>18.3}",
+        "pread + write (copy)", r.copy_gbps, r.copy_server_cpu_s_per_gb
+    );
+    println!(
+        "  {:<22} {:>10.2}x {:>17.2}x",
+        "zero copy / copy", r.zero_copy_speedup, r.zero_copy_cpu_ratio
+    );
+    println!("small frames: {} frames of {} B body", r.frames, r.frame_body_bytes);
+    println!("  {:<22} {:>14}", "writer", "M msg/s");
+    println!(
+        "  {:<22} {:>14.2}",
+        format!("{} frames per writev", r.batch),
+        r.batched_msgs_per_s / 1e6
+    );
+    println!("  {:<22} {:>14.2}", "one write per frame", r.unbatched_msgs_per_s / 1e6);
+    println!("  {:<22} {:>13.2}x", "batched / one each", r.batching_speedup);
+    println!("load average before / after: {} / {}", r.loadavg_before, r.loadavg_after);
 }
