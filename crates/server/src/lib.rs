@@ -82,6 +82,7 @@ impl Server {
     /// Validates the configuration and opens storage.
     pub fn new(config: ServerConfig) -> Result<Server, String> {
         config.validate()?;
+        raise_open_file_limit();
         Ok(Server {
             state: ServerState::new(config),
             transport_stats: Arc::new(TransportStats::default()),
@@ -126,6 +127,20 @@ impl Server {
             ("sluice_server_writev_bytes_total", t.writev_bytes),
             ("sluice_server_copy_bytes_total", t.copy_bytes),
         ])
+    }
+}
+
+/// Every partition with flushed data keeps its file open (chunks point into it), so a server
+/// holding a few 200-partition Spark shuffles needs more descriptors than the usual soft limit
+/// of 1024: raise the soft limit to the hard one.
+fn raise_open_file_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let lim = getrlimit(Resource::Nofile);
+    if lim.current < lim.maximum {
+        let raised = rustix::process::Rlimit { current: lim.maximum, maximum: lim.maximum };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            tracing::warn!(error = %e, "cannot raise the open-file limit");
+        }
     }
 }
 

@@ -113,7 +113,7 @@ impl ServerState {
                 format!("shuffle {shuffle_id} of {app_id} is committed; pushes are refused"),
             )));
         }
-        if self.storage.choose(None).is_none() {
+        if !self.storage.has_healthy() {
             return Err(to_msg((
                 ErrorCode::StorageUnavailable,
                 "every data directory is out of service".into(),

@@ -79,6 +79,11 @@ impl Storage {
             .cloned()
     }
 
+    /// Whether any directory is still in service (no syscall: cheap enough for every push).
+    pub fn has_healthy(&self) -> bool {
+        self.dirs.iter().any(|d| !d.is_failed())
+    }
+
     /// Free bytes over healthy directories.
     pub fn free_bytes(&self) -> u64 {
         self.dirs.iter().filter(|d| !d.is_failed()).map(|d| d.free_bytes()).sum()
