@@ -1,0 +1,199 @@
+//! Data lifetime on a real server: applications expire without heartbeats (their files go),
+//! heartbeated ones stay; `UnregisterShuffle` deletes one shuffle's files, `UnregisterApp` all.
+
+mod utils;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use sluice_proto::batch::put_batch;
+use sluice_proto::message::*;
+use sluice_proto::{ErrorCode, Message};
+use sluice_transport::Connection;
+use utils::*;
+
+fn data_files(dir: &Path) -> Vec<PathBuf> {
+    files_under(dir).into_iter().filter(|p| p.extension().is_some_and(|e| e == "data")).collect()
+}
+
+/// Registers `app`'s shuffle `shuffle` (1 map, 2 partitions), pushes one batch per partition,
+/// ends the map and commits — all on `c`.
+async fn one_committed_shuffle(c: &Connection, app: &str, shuffle: u32) {
+    call(c, RegisterApp { app_id: app.into(), secret: String::new() }).await.unwrap();
+    let reg = RegisterShuffle {
+        app_id: app.into(),
+        shuffle_id: shuffle,
+        num_maps: 1,
+        num_partitions: 2,
+        replication: 1,
+    };
+    call(c, reg).await.unwrap();
+    for p in 0..2 {
+        let mut body = BytesMut::new();
+        put_batch(&mut body, 0, 0, 0, &framed(&[record(0, 0, p, 4000)]));
+        let push = Push { app_id: app.into(), shuffle_id: shuffle, partition_id: p };
+        call_body(c, push, body.freeze()).await.expect("push");
+    }
+    let end = MapperEnd {
+        app_id: app.into(),
+        shuffle_id: shuffle,
+        map_id: 0,
+        attempt_id: 0,
+        batch_counts: vec![
+            BatchCount { partition_id: 0, batches: 1 },
+            BatchCount { partition_id: 1, batches: 1 },
+        ],
+    };
+    call(c, end).await.unwrap();
+    match call(c, CommitShuffle { app_id: app.into(), shuffle_id: shuffle }).await {
+        Ok(Message::CommitResult(r)) => assert_eq!(r.partitions.len(), 2, "{r:?}"),
+        other => panic!("commit: {other:?}"),
+    }
+}
+
+fn open(app: &str, shuffle: u32) -> OpenStream {
+    OpenStream { app_id: app.into(), shuffle_id: shuffle, partition_id: 0, map_start: 0, map_end: 1 }
+}
+
+async fn push_code(addr: SocketAddr, app: &str, shuffle: u32) -> Option<ErrorCode> {
+    let c = raw(addr).await;
+    let mut body = BytesMut::new();
+    put_batch(&mut body, 0, 0, 9, &framed(&[record(0, 0, 9, 64)]));
+    let push = Push { app_id: app.into(), shuffle_id: shuffle, partition_id: 0 };
+    call_body(&c, push, body.freeze()).await.err()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apps_without_heartbeats_expire_and_lose_their_files() {
+    bounded("apps_without_heartbeats_expire_and_lose_their_files", 30, async {
+        let scratch = Scratch::new();
+        let data = scratch.path().join("data");
+        let server = scratch.server(&ServerSpec {
+            data_dirs: vec![data.clone()],
+            metrics: true,
+            sets: vec!["app_expiry_ms=800".into()],
+            ..Default::default()
+        });
+        let c = raw(server.addr).await;
+        one_committed_shuffle(&c, "silent", 1).await;
+        one_committed_shuffle(&c, "alive", 1).await;
+        let silent_dir = data.join("silent");
+        let alive_dir = data.join("alive");
+        assert_eq!(data_files(&silent_dir).len(), 2, "files of the silent app after commit");
+        assert_eq!(data_files(&alive_dir).len(), 2, "files of the alive app after commit");
+
+        // "alive" heartbeats every 200 ms; "silent" never again.
+        let hb = {
+            let addr = server.addr;
+            tokio::spawn(async move {
+                let c = raw(addr).await;
+                loop {
+                    call(&c, AppHeartbeat { app_id: "alive".into() }).await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            })
+        };
+        let gone = eventually(5, || data_files(&silent_dir).is_empty()).await;
+        assert!(gone, "the silent app's files are still there: {:?}", data_files(&silent_dir));
+        assert_eq!(push_code(server.addr, "silent", 1).await, Some(ErrorCode::UnknownApp));
+        assert_eq!(call(&c, open("silent", 1)).await.err(), Some(ErrorCode::UnknownApp));
+        let m = server.metrics().await;
+        assert_eq!(metric(&m, "sluice_server_apps_expired_total"), 1.0, "{m:?}");
+
+        // Past several expiry periods, the heartbeated app is intact and readable.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(data_files(&alive_dir).len(), 2, "the alive app lost files");
+        let client = client("alive", None);
+        let a = assignment(1, &[server.addr], 2);
+        for p in 0..2 {
+            let r = read_partition(&client, &a, p, 0, 1).await.expect("alive app readable");
+            assert_eq!(r.ids(), vec![RecordId { map: 0, attempt: 0, seq: p }]);
+        }
+        hb.abort();
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unregister_shuffle_then_app_deletes_files() {
+    bounded("unregister_shuffle_then_app_deletes_files", 30, async {
+        let scratch = Scratch::new();
+        let data = scratch.path().join("data");
+        let server =
+            scratch.server(&ServerSpec { data_dirs: vec![data.clone()], ..Default::default() });
+        let client = client("unreg", None);
+        let (a1, a2) = (assignment(1, &[server.addr], 3), assignment(2, &[server.addr], 3));
+        for a in [&a1, &a2] {
+            register_direct(&client, a, 1).await.unwrap();
+            let mut w = client.writer(a.clone(), 0, 0).await.unwrap();
+            for seq in 0..300u32 {
+                w.write_record(seq % 3, &record(0, 0, seq, 1000)).await.unwrap();
+            }
+            w.finish().await.unwrap();
+            client.commit_shuffle(a).await.unwrap();
+        }
+        let (dir1, dir2) = (data.join("unreg").join("1"), data.join("unreg").join("2"));
+        assert_eq!(data_files(&dir1).len(), 3);
+        assert_eq!(data_files(&dir2).len(), 3);
+
+        client.unregister_shuffle(&a1).await.expect("unregister shuffle 1");
+        assert!(data_files(&dir1).is_empty(), "shuffle 1 files remain: {:?}", data_files(&dir1));
+        assert!(!dir1.exists(), "shuffle 1 directory remains");
+        assert_eq!(data_files(&dir2).len(), 3, "shuffle 2 files were touched");
+        let c = raw(server.addr).await;
+        assert_eq!(call(&c, open("unreg", 1)).await.err(), Some(ErrorCode::UnknownShuffle));
+        let mut n = 0;
+        for p in 0..3 {
+            n += read_partition(&client, &a2, p, 0, 1).await.expect("shuffle 2 readable").records.len();
+        }
+        assert_eq!(n, 300);
+
+        client.unregister_app(&[server.addr]).await.expect("unregister app");
+        assert!(data_files(&data).is_empty(), "files remain: {:?}", data_files(&data));
+        assert_eq!(call(&c, open("unreg", 2)).await.err(), Some(ErrorCode::UnknownApp));
+        assert_eq!(push_code(server.addr, "unreg", 2).await, Some(ErrorCode::UnknownApp));
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unregister_during_pushes_leaves_no_files() {
+    bounded("unregister_during_pushes_leaves_no_files", 30, async {
+        let scratch = Scratch::new();
+        let data = scratch.path().join("data");
+        // Small chunks: partition files are being created and written while we unregister.
+        let server = scratch.server(&ServerSpec {
+            data_dirs: vec![data.clone()],
+            sets: vec!["chunk_bytes=65536".into()],
+            ..Default::default()
+        });
+        let client = client("busy-unreg", None);
+        let a = assignment(3, &[server.addr], 16);
+        register_direct(&client, &a, 4).await.unwrap();
+        let mut tasks = Vec::new();
+        for m in 0..4u32 {
+            let (client, a) = (client.clone(), a.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut w = client.writer(a, m, 0).await?;
+                for seq in 0..4000u32 {
+                    w.add_batch(seq % 16, &framed(&[record(m, 0, seq, 70_000)])).await?;
+                }
+                w.finish().await
+            }));
+        }
+        let dir = data.join("busy-unreg").join("3");
+        let started = eventually(10, || data_files(&dir).len() >= 8).await;
+        assert!(started, "pushes did not reach the disk");
+        client.unregister_shuffle(&a).await.expect("unregister during pushes");
+        for t in tasks {
+            let r = t.await.unwrap();
+            assert_eq!(code(r), ErrorCode::UnknownShuffle, "writers see the shuffle gone");
+        }
+        // Give late flushes time to (wrongly) recreate anything.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(data_files(&dir).is_empty(), "files after unregister: {:?}", data_files(&dir));
+    })
+    .await
+}
