@@ -28,9 +28,9 @@ pub struct LocalArgs {
     /// Total record bytes the maps push (suffixes K, M, G allowed).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     pub bytes: u64,
-    /// Bytes per record.
-    #[arg(long, default_value_t = 100)]
-    pub record_bytes: usize,
+    /// Bytes per record (16 to 65536).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(16..=65536))]
+    pub record_bytes: u32,
     /// Memory budget of each server (suffixes allowed).
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     pub memory_budget: u64,
@@ -100,7 +100,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
         let mine: Vec<_> = runs.iter().copied().filter(|r| r.map_id == m).collect();
         let (client, a, expect, bar) =
             (client.clone(), a.clone(), expect.clone(), push_bar.clone());
-        let record_bytes = args.record_bytes;
+        let record_bytes = args.record_bytes as usize;
         tasks.push(tokio::spawn(async move {
             let mut pushed = 0;
             if m == 0 {

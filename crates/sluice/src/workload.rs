@@ -42,6 +42,15 @@ impl Rng {
     }
 }
 
+/// 1 MiB of random bytes shared by all generators (records take slices of it).
+fn random_pool() -> &'static [u8] {
+    static POOL: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        let mut r = Rng(0x0123_4567_89AB_CDEF);
+        (0..(1 << 17)).flat_map(|_| r.next().to_le_bytes()).collect()
+    })
+}
+
 /// One map attempt to run.
 #[derive(Clone, Copy)]
 pub struct MapRun {
@@ -73,13 +82,17 @@ pub async fn run_map(
         ^ run.salt.wrapping_mul(0xD1B5_4A32_D192_ED03)
         | 1);
     let records = ((bytes_per_map / record_bytes as u64) as f64 * run.fraction) as u64;
-    let mut rec = vec![0u8; record_bytes.max(16)];
+    let rec_len = record_bytes.max(16);
+    let pool = random_pool();
+    let mut rec = vec![0u8; rec_len];
     let mut pushed = 0u64;
     for _ in 0..records {
-        for word in rec.chunks_mut(8) {
-            let v = rng.next().to_le_bytes();
-            word.copy_from_slice(&v[..word.len()]);
-        }
+        // A unique 8-byte word from the attempt's generator, then a slice of a shared random
+        // pool chosen by it: one generator call per record instead of one per 8 bytes.
+        let word = rng.next();
+        rec[..8].copy_from_slice(&word.to_le_bytes());
+        let off = (word >> 40) as usize % (pool.len() - rec_len);
+        rec[8..].copy_from_slice(&pool[off..off + rec_len - 8]);
         let p = (rng.next() % partitions) as u32;
         if run.counts {
             expect.count[p as usize].fetch_add(1, Ordering::Relaxed);
