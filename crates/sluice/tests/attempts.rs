@@ -188,7 +188,10 @@ async fn duplicate_push_after_lost_ack_is_read_once() {
         };
         match call(&conn, open).await {
             Ok(Message::StreamHandle(h)) => {
-                assert_eq!(h.committed, vec![CommittedMap { map_id: 0, attempt_id: 0, batches: 1 }]);
+                assert_eq!(
+                    h.committed,
+                    vec![CommittedMap { map_id: 0, attempt_id: 0, batches: 1 }]
+                );
                 assert!(!h.chunk_lengths.is_empty());
                 call(&conn, CloseStream { stream_id: h.stream_id }).await.unwrap();
             }

@@ -54,7 +54,13 @@ async fn one_committed_shuffle(c: &Connection, app: &str, shuffle: u32) {
 }
 
 fn open(app: &str, shuffle: u32) -> OpenStream {
-    OpenStream { app_id: app.into(), shuffle_id: shuffle, partition_id: 0, map_start: 0, map_end: 1 }
+    OpenStream {
+        app_id: app.into(),
+        shuffle_id: shuffle,
+        partition_id: 0,
+        map_start: 0,
+        map_end: 1,
+    }
 }
 
 async fn push_code(addr: SocketAddr, app: &str, shuffle: u32) -> Option<ErrorCode> {
@@ -146,7 +152,11 @@ async fn unregister_shuffle_then_app_deletes_files() {
         assert_eq!(call(&c, open("unreg", 1)).await.err(), Some(ErrorCode::UnknownShuffle));
         let mut n = 0;
         for p in 0..3 {
-            n += read_partition(&client, &a2, p, 0, 1).await.expect("shuffle 2 readable").records.len();
+            n += read_partition(&client, &a2, p, 0, 1)
+                .await
+                .expect("shuffle 2 readable")
+                .records
+                .len();
         }
         assert_eq!(n, 300);
 

@@ -241,8 +241,13 @@ async fn malformed_frames_close_only_their_connection() {
         // Plain garbage (an HTTP request, then noise).
         let mut garbage = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec();
         garbage.extend((0..200u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8));
-        expect_fatal(addr, "garbage", &garbage, &[MalformedFrame, UnknownMessageType, FrameTooLarge])
-            .await;
+        expect_fatal(
+            addr,
+            "garbage",
+            &garbage,
+            &[MalformedFrame, UnknownMessageType, FrameTooLarge],
+        )
+        .await;
         let mut noise = vec![0u8, 0, 0, 40, 0x99];
         noise.extend((0..60u32).map(|i| (i.wrapping_mul(40_503) >> 3) as u8));
         expect_fatal(addr, "noise", &noise, &[MalformedFrame, UnknownMessageType]).await;

@@ -35,10 +35,15 @@ fn run_local(args: &[&str], root: &std::path::Path, limit: Duration) -> serde_js
     let out = child.wait_with_output().expect("sluice local output");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "sluice local {args:?} failed: {}\n{stdout}\n{stderr}", out.status);
-    let line = stdout.lines().rev().find(|l| l.trim_start().starts_with('{')).unwrap_or_else(|| {
-        panic!("no JSON summary from sluice local {args:?}:\n{stdout}\n{stderr}")
-    });
+    assert!(
+        out.status.success(),
+        "sluice local {args:?} failed: {}\n{stdout}\n{stderr}",
+        out.status
+    );
+    let line =
+        stdout.lines().rev().find(|l| l.trim_start().starts_with('{')).unwrap_or_else(|| {
+            panic!("no JSON summary from sluice local {args:?}:\n{stdout}\n{stderr}")
+        });
     serde_json::from_str(line).expect("a JSON summary")
 }
 
@@ -50,7 +55,10 @@ fn check_summary(s: &serde_json::Value, servers: u64) {
     assert_eq!(s["mismatched_partitions"].as_array().map(|a| a.len()), Some(0), "{s}");
     let records = s["records"].as_u64().unwrap_or(0);
     // 32 MiB of 100-byte records, give or take the rounding per map.
-    assert!(records >= (32 << 20) / 100 - 6 && records <= (32 << 20) / 100, "records {records}: {s}");
+    assert!(
+        records >= (32 << 20) / 100 - 6 && records <= (32 << 20) / 100,
+        "records {records}: {s}"
+    );
     // Every record is read back (the failed attempt's half is pushed too but never read).
     let fetched = s["fetched_bytes"].as_u64().unwrap_or(0);
     assert!(fetched >= records * 100, "fetched {fetched} bytes for {records} records: {s}");
@@ -67,7 +75,11 @@ fn local_job_two_servers_verifies() {
     );
     check_summary(&s, 2);
     // The job unregisters its app and removes its data directories.
-    assert!(files_under(scratch.path()).is_empty(), "left behind: {:?}", files_under(scratch.path()));
+    assert!(
+        files_under(scratch.path()).is_empty(),
+        "left behind: {:?}",
+        files_under(scratch.path())
+    );
 }
 
 #[test]
@@ -79,5 +91,9 @@ fn local_job_one_server_verifies() {
         Duration::from_secs(60),
     );
     check_summary(&s, 1);
-    assert!(files_under(scratch.path()).is_empty(), "left behind: {:?}", files_under(scratch.path()));
+    assert!(
+        files_under(scratch.path()).is_empty(),
+        "left behind: {:?}",
+        files_under(scratch.path())
+    );
 }

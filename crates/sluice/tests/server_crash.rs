@@ -13,7 +13,9 @@ const NOTICE: Duration = Duration::from_secs(15);
 /// Pushes 256 KiB batches (small pauses) for 400 ms, SIGKILLs the server, keeps pushing until
 /// the writer reports an error, and returns how long after the kill that took (panics if it
 /// never comes within `NOTICE` + 5 s).
-async fn push_until_the_writer_notices(opts: impl FnOnce(&mut sluice_client::ClientOptions)) -> Duration {
+async fn push_until_the_writer_notices(
+    opts: impl FnOnce(&mut sluice_client::ClientOptions),
+) -> Duration {
     let scratch = Scratch::new();
     let mut server = scratch.server(&ServerSpec::default());
     let client = client_with("crash-push", None, opts);
@@ -124,10 +126,8 @@ async fn reader_fails_promptly_when_the_server_dies_mid_fetch() {
     bounded("reader_fails_promptly_when_the_server_dies_mid_fetch", 30, async {
         let scratch = Scratch::new();
         // 256 KiB chunks: a 32 MiB partition is 128 chunks, far more than the prefetch depth.
-        let mut server = scratch.server(&ServerSpec {
-            sets: vec!["chunk_bytes=262144".into()],
-            ..Default::default()
-        });
+        let mut server = scratch
+            .server(&ServerSpec { sets: vec!["chunk_bytes=262144".into()], ..Default::default() });
         let client = client_with("crash-fetch", None, |o| o.fetch_prefetch_chunks = 2);
         let a = assignment(1, &[server.addr], 1);
         register_direct(&client, &a, 1).await.unwrap();

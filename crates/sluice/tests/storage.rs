@@ -35,7 +35,11 @@ fn data_files(dir: &Path) -> Vec<PathBuf> {
 
 /// Writes `maps` maps of `per_map` records over `parts` partitions, commits, reads back and
 /// checks every record. Returns the total bytes the commit reported.
-async fn round_trip(client: &sluice_client::ShuffleClient, addr: std::net::SocketAddr, parts: u32) -> u64 {
+async fn round_trip(
+    client: &sluice_client::ShuffleClient,
+    addr: std::net::SocketAddr,
+    parts: u32,
+) -> u64 {
     let a = assignment(1, &[addr], parts);
     register_direct(client, &a, 2).await.unwrap();
     for m in 0..2u32 {
@@ -122,10 +126,8 @@ async fn a_dir_that_breaks_at_runtime_is_avoided() {
         let (d0, d1) = (scratch.path().join("d0"), scratch.path().join("d1"));
         // Both on one file system: equal free space, and the choice among equals is the last
         // directory, so the broken d0 is tried first.
-        let server = scratch.server(&ServerSpec {
-            data_dirs: vec![d1.clone(), d0.clone()],
-            ..Default::default()
-        });
+        let server = scratch
+            .server(&ServerSpec { data_dirs: vec![d1.clone(), d0.clone()], ..Default::default() });
         break_dir(&d0);
         let client = client("runtime-break", None);
         // 16 partitions: each picks a directory when its first file is created; whichever picks
@@ -146,7 +148,8 @@ async fn every_dir_breaking_after_accepting_pushes_fails_the_commit() {
     bounded("every_dir_breaking_after_accepting_pushes_fails_the_commit", 30, async {
         let scratch = Scratch::new();
         let d0 = scratch.path().join("only");
-        let server = scratch.server(&ServerSpec { data_dirs: vec![d0.clone()], ..Default::default() });
+        let server =
+            scratch.server(&ServerSpec { data_dirs: vec![d0.clone()], ..Default::default() });
         let client = client("all-broken", None);
         let a = assignment(1, &[server.addr], 2);
         register_direct(&client, &a, 1).await.unwrap();

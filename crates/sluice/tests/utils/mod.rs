@@ -75,7 +75,13 @@ impl Proc {
             }
         });
         let pid = child.id();
-        let mut proc = Proc { child: Some(child), pid, addr: ([0, 0, 0, 0], 0).into(), metrics: None, log: log.to_owned() };
+        let mut proc = Proc {
+            child: Some(child),
+            pid,
+            addr: ([0, 0, 0, 0], 0).into(),
+            metrics: None,
+            log: log.to_owned(),
+        };
         let deadline = std::time::Instant::now() + START_TIMEOUT;
         let mut have_addr = false;
         while !have_addr || (want_metrics && proc.metrics.is_none()) {
@@ -217,8 +223,7 @@ impl Scratch {
 
     /// `sluice server` as described by `spec`.
     pub fn server(&self, spec: &ServerSpec) -> Proc {
-        let mut args: Vec<String> =
-            vec!["server".into(), "--listen".into(), "127.0.0.1:0".into()];
+        let mut args: Vec<String> = vec!["server".into(), "--listen".into(), "127.0.0.1:0".into()];
         let dirs = if spec.data_dirs.is_empty() {
             let n = self.n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             vec![self.path().join(format!("data-{n}"))]
@@ -387,7 +392,10 @@ pub fn assignment(shuffle_id: u32, servers: &[SocketAddr], partitions: u32) -> A
             })
             .collect(),
         partitions: (0..partitions)
-            .map(|p| PartitionLoc { primary: (p as usize % servers.len()) as u16, replica: NO_REPLICA })
+            .map(|p| PartitionLoc {
+                primary: (p as usize % servers.len()) as u16,
+                replica: NO_REPLICA,
+            })
             .collect(),
     })
 }
@@ -400,7 +408,10 @@ pub async fn register_direct(
 ) -> Result<(), ClientError> {
     for addr in addrs_of(a) {
         client
-            .request(addr, RegisterApp { app_id: client.app_id().into(), secret: String::new() }.into())
+            .request(
+                addr,
+                RegisterApp { app_id: client.app_id().into(), secret: String::new() }.into(),
+            )
             .await?;
         client
             .request(
