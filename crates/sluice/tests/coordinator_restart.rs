@@ -6,7 +6,8 @@ mod utils;
 
 use std::time::{Duration, Instant};
 
-use sluice_proto::message::GetAssignment;
+use sluice_proto::message::{GetAssignment, RegisterShuffle};
+use sluice_proto::Message;
 use sluice_proto::ErrorCode;
 use utils::*;
 
@@ -103,6 +104,63 @@ async fn coordinator_restart_mid_job() {
         }
         assert_eq!(n, 80);
         coord.kill();
+    })
+    .await
+}
+
+/// A server that stops heartbeating is left out of new assignments once `server_timeout_ms`
+/// passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_server_gets_no_new_partitions() {
+    bounded("a_dead_server_gets_no_new_partitions", 30, async {
+        let scratch = Scratch::new();
+        let args = ["coordinator", "--listen", "127.0.0.1:0", "--set", "server_timeout_ms=1000"]
+            .map(String::from);
+        let coord = utils::Proc::spawn(&args, &scratch.path().join("coord.log"));
+        let spec = ServerSpec::with_coordinator(coord.addr);
+        let (live, mut dead) = (scratch.server(&spec), scratch.server(&spec));
+        wait_registered(coord.addr, 2, 15).await;
+        dead.kill();
+        let killed = Instant::now();
+        let client = client("dead-server", Some(coord.addr));
+        client.register_app().await.unwrap();
+        // Past the timeout, even a wide shuffle is assigned to the live server only (were the
+        // dead one still considered, the load-aware spread would give it about half).
+        tokio::time::sleep(Duration::from_millis(1500).saturating_sub(killed.elapsed())).await;
+        let mut last = None;
+        for id in 1..=3 {
+            let reg = RegisterShuffle {
+                app_id: "dead-server".into(),
+                shuffle_id: id,
+                num_maps: 1,
+                num_partitions: 64,
+                replication: 1,
+            };
+            // Ask the coordinator only: registering on the dead server would fail.
+            match client.coordinator_request(reg.into()).await.unwrap() {
+                Message::Assignment(a) => {
+                    let ports: Vec<u16> = a.servers.iter().map(|s| s.port).collect();
+                    assert_eq!(ports, vec![live.addr.port()], "shuffle {id} assigned to {ports:?}");
+                    last = Some(std::sync::Arc::new(a));
+                }
+                other => panic!("RegisterShuffle: {other:?}"),
+            }
+        }
+        let a = last.unwrap();
+        assert_eq!(a.servers[0].port, live.addr.port());
+        register_direct(&client, &a, 1).await.unwrap();
+        // And the job runs on the live one.
+        let mut w = client.writer(a.clone(), 0, 0).await.unwrap();
+        for seq in 0..16u32 {
+            w.write_record(seq % 64, &record(0, 0, seq, 100)).await.unwrap();
+        }
+        w.finish().await.unwrap();
+        client.commit_shuffle(&a).await.unwrap();
+        let mut n = 0;
+        for p in 0..16 {
+            n += read_partition(&client, &a, p, 0, 1).await.unwrap().records.len();
+        }
+        assert_eq!(n, 16);
     })
     .await
 }

@@ -108,3 +108,61 @@ async fn sixteen_writers_stay_within_the_memory_budget() {
     })
     .await
 }
+
+/// A budget far below the offered load: pushes are answered `Busy`, writers back off and retry,
+/// and nothing is lost or duplicated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tiny_budget_answers_busy_and_loses_nothing() {
+    bounded("a_tiny_budget_answers_busy_and_loses_nothing", 45, async {
+        let scratch = Scratch::new();
+        let budget: u64 = 8 << 20;
+        let server = scratch.server(&ServerSpec {
+            memory_budget_bytes: budget,
+            metrics: true,
+            sets: vec!["busy_backoff_ms=5".into()],
+            ..Default::default()
+        });
+        let client = client_with("tiny", None, |o| o.max_inflight_bytes = 8 << 20);
+        let parts = 8u32;
+        let a = assignment(1, &[server.addr], parts);
+        register_direct(&client, &a, 8).await.unwrap();
+        let per_map = 160u32; // × 256 KiB = 40 MiB per map, 320 MiB in all
+        let mut tasks = Vec::new();
+        for m in 0..8u32 {
+            let (client, a) = (client.clone(), a.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut w = client.writer(a, m, 0).await?;
+                for seq in 0..per_map {
+                    w.add_batch(seq % parts, &framed(&[record(m, 0, seq, 256 << 10)])).await?;
+                }
+                w.finish().await
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap().expect("writers ride out Busy");
+        }
+        client.commit_shuffle(&a).await.unwrap();
+        let mut n = 0;
+        for p in 0..parts {
+            let r = read_partition(&client, &a, p, 0, 8).await.unwrap();
+            let ids = r.ids();
+            let mut dedup = ids.clone();
+            dedup.dedup();
+            assert_eq!(ids.len(), dedup.len(), "duplicates in partition {p}");
+            assert!(ids.iter().all(|id| id.seq % parts == p));
+            n += ids.len();
+        }
+        assert_eq!(n, 8 * per_map as usize);
+        let m = server.metrics().await;
+        eprintln!(
+            "busy replies {}, budget peak {:.1} MiB, VmHWM {:.1} MiB",
+            metric(&m, "sluice_server_busy_replies_total"),
+            metric(&m, "sluice_server_memory_peak_bytes") / (1 << 20) as f64,
+            server.peak_rss_bytes() as f64 / (1 << 20) as f64
+        );
+        assert!(metric(&m, "sluice_server_busy_replies_total") > 0.0, "never busy: {m:?}");
+        assert!(metric(&m, "sluice_server_memory_peak_bytes") <= budget as f64);
+        assert!(server.peak_rss_bytes() <= budget + ALLOWANCE, "VmHWM over budget + allowance");
+    })
+    .await
+}
