@@ -61,6 +61,8 @@ public abstract class SluiceShuffleManagerBase implements ShuffleManager {
       }
       factory = new TransportClientFactory(conf.client(), appId);
       factoryAppId = appId;
+      LOG.info("Sluice client for application {}: {} transport", appId,
+          factory.usesEpoll() ? "native epoll" : "NIO");
     }
     return factory;
   }
