@@ -152,7 +152,7 @@ async fn duplicate_push_after_lost_ack_is_read_once() {
         call(&conn, reg).await.unwrap();
 
         let rec = record(0, 0, 42, 300);
-        let body = one_batch(&framed(&[rec.clone()]));
+        let body = one_batch(&framed(std::slice::from_ref(&rec)));
         let push = Push { app_id: app.clone(), shuffle_id: 5, partition_id: 1 };
         // The same frame twice: the first ack was "lost", the client sent it again.
         for _ in 0..2 {

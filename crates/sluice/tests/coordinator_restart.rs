@@ -7,8 +7,8 @@ mod utils;
 use std::time::{Duration, Instant};
 
 use sluice_proto::message::{GetAssignment, RegisterShuffle};
-use sluice_proto::Message;
 use sluice_proto::ErrorCode;
+use sluice_proto::Message;
 use utils::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -99,7 +99,9 @@ async fn a_push_larger_than_the_budget_is_not_busy_forever() {
         match r {
             Ok(Ok(_)) => {} // admitted into the empty budget: fine
             Ok(Err(e)) => assert!(!e.is_retriable(), "a retriable error for a hopeless push: {e}"),
-            Err(_) => panic!("the writer still retries Busy after 10 s for a push that can never fit"),
+            Err(_) => {
+                panic!("the writer still retries Busy after 10 s for a push that can never fit")
+            }
         }
     })
     .await
@@ -178,7 +180,8 @@ async fn chunked_shuffle(
 async fn a_stream_outlives_the_connection_that_opened_it() {
     bounded("a_stream_outlives_the_connection_that_opened_it", 30, async {
         let scratch = Scratch::new();
-        let server = scratch.server(&ServerSpec { sets: vec!["chunk_bytes=1048576".into()], ..Default::default() });
+        let server = scratch
+            .server(&ServerSpec { sets: vec!["chunk_bytes=1048576".into()], ..Default::default() });
         let client = client("streams", None);
         chunked_shuffle(&client, server.addr, 4).await;
 
@@ -212,7 +215,8 @@ async fn a_stream_outlives_the_connection_that_opened_it() {
 async fn a_read_survives_a_fatal_error_on_another_request() {
     bounded("a_read_survives_a_fatal_error_on_another_request", 30, async {
         let scratch = Scratch::new();
-        let server = scratch.server(&ServerSpec { sets: vec!["chunk_bytes=1048576".into()], ..Default::default() });
+        let server = scratch
+            .server(&ServerSpec { sets: vec!["chunk_bytes=1048576".into()], ..Default::default() });
         let client = client_with("streams", None, |o| o.fetch_prefetch_chunks = 1);
         let a = chunked_shuffle(&client, server.addr, 32).await;
 
@@ -229,7 +233,10 @@ async fn a_read_survives_a_fatal_error_on_another_request() {
                 num_partitions: 0,
                 replication: 1,
             };
-            assert_eq!(code(client.request(server.addr, bad.into()).await), ErrorCode::MalformedFrame);
+            assert_eq!(
+                code(client.request(server.addr, bad.into()).await),
+                ErrorCode::MalformedFrame
+            );
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
         let mut n = 1;

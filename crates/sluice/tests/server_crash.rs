@@ -29,7 +29,7 @@ async fn push_until_the_writer_notices(
     while start.elapsed() < Duration::from_millis(400) {
         w.add_batch(seq % 4, &framed(&[record(0, 0, seq, 256 << 10)])).await.unwrap();
         seq += 1;
-        if seq % 8 == 0 {
+        if seq & 7 == 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }

@@ -18,7 +18,11 @@ fn sigterm(p: &Proc) {
 async fn exits_within(p: &mut Proc, limit: Duration) -> Duration {
     let start = Instant::now();
     while p.is_running() {
-        assert!(start.elapsed() < limit, "still running {limit:?} after SIGTERM; log:\n{}", p.log_text());
+        assert!(
+            start.elapsed() < limit,
+            "still running {limit:?} after SIGTERM; log:\n{}",
+            p.log_text()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     start.elapsed()
@@ -34,7 +38,9 @@ async fn sigterm_stops_server_and_coordinator_with_idle_connections_open() {
         // Idle connections, as pooled clients keep them.
         let to_server = raw(server.addr).await;
         let to_coord = raw(coord.addr).await;
-        call(&to_server, RegisterApp { app_id: "bye".into(), secret: String::new() }).await.unwrap();
+        call(&to_server, RegisterApp { app_id: "bye".into(), secret: String::new() })
+            .await
+            .unwrap();
         assert!(matches!(call(&to_coord, Ping {}).await, Ok(Message::Pong(_))));
 
         sigterm(&server);
