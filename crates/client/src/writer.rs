@@ -220,9 +220,7 @@ async fn push_with_retries(
     loop {
         let result = async {
             let conn = client.inner.pool.get(addr).await?;
-            Ok::<_, ClientError>(expect_ok(
-                conn.request(msg.clone(), Body::Memory(body.clone())).await?,
-            )?)
+            expect_ok(conn.request(msg.clone(), Body::Memory(body.clone())).await?)
         }
         .await;
         let wait = match result {

@@ -151,7 +151,7 @@ async fn maintenance(state: Arc<ServerState>) {
         tick.tick().await;
         state.relieve_pressure();
         n += 1;
-        if n % 20 == 0 {
+        if n.is_multiple_of(20) {
             state.expire_apps();
         }
     }

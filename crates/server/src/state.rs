@@ -279,7 +279,7 @@ impl ServerState {
                     }
                 }
             }
-            candidates.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+            candidates.sort_unstable_by_key(|c| std::cmp::Reverse(c.0));
             for (_, s, pid) in candidates {
                 if need == 0 {
                     break;

@@ -86,6 +86,8 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
     };
     let client = ShuffleClient::new(app_id, opts);
     cluster.wait_ready(&client).await?;
+    // Resident memory of the servers before any data: the idle footprint.
+    let idle_rss = cluster.servers.iter().map(|s| s.rss_bytes()).max().unwrap_or(0);
     client.register_app().await?;
     let a = client.register_shuffle(0, args.maps, args.partitions, 1).await?;
 
@@ -155,6 +157,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
         "push_gbps": pushed as f64 / push_s / 1e9,
         "fetch_gbps": fetched as f64 / fetch_s / 1e9,
         "server_peak_rss_bytes": peak_rss,
+        "server_idle_rss_bytes": idle_rss,
         "memory_budget_bytes": args.memory_budget,
         "servers": args.servers,
         "maps": args.maps,
