@@ -106,6 +106,8 @@ struct Results {
     zero_copy_server_copy_bytes: u64,
     copy_server_sendfile_bytes: u64,
     copy_server_copy_bytes: u64,
+    /// Mean bytes moved per `sendfile` call (socket-buffer sized when the client keeps up).
+    sendfile_bytes_per_call: u64,
     /// 1-minute load average before and after the run (other work on the machine).
     loadavg_before: String,
     loadavg_after: String,
@@ -185,10 +187,18 @@ async fn measure(
     let (mut batched, mut unbatched) = (0.0f64, 0.0f64);
     for round in 0..args.rounds {
         for batch in [args.batch, 1] {
+            let (cpu0, own0, t) = (child.cpu()?, process_cpu_seconds(), Instant::now());
             let rate = push_frames(sink_addr, args.frames, args.frame_bytes, batch).await?;
+            let secs = t.elapsed().as_secs_f64();
+            let (sink, own) = ((child.cpu()? - cpu0) / secs, (process_cpu_seconds() - own0) / secs);
             progress(
                 args,
-                &format!("round {round}: {batch} frames/writev: {:.2} M msg/s", rate / 1e6),
+                &format!(
+                    "round {round}: {batch} frames/writev: {:.2} M msg/s (sender {:.0}% CPU, sink {:.0}%)",
+                    rate / 1e6,
+                    own * 100.0,
+                    sink * 100.0
+                ),
             );
             let best = if batch == 1 { &mut unbatched } else { &mut batched };
             *best = best.max(rate);
@@ -216,6 +226,8 @@ async fn measure(
         zero_copy_server_copy_bytes: stats.zero_copy.copy_bytes,
         copy_server_sendfile_bytes: stats.copy.sendfile_bytes,
         copy_server_copy_bytes: stats.copy.copy_bytes,
+        sendfile_bytes_per_call: stats.zero_copy.sendfile_bytes
+            / stats.zero_copy.sendfile_calls.max(1),
         loadavg_before: String::new(),
         loadavg_after: String::new(),
     })
@@ -325,6 +337,7 @@ struct ChildStats {
 #[derive(serde::Deserialize)]
 struct CountersJson {
     sendfile_bytes: u64,
+    sendfile_calls: u64,
     copy_bytes: u64,
 }
 
@@ -564,6 +577,7 @@ fn print_table(r: &Results) {
         "  {:<22} {:>10.2}x {:>17.2}x",
         "zero copy / copy", r.zero_copy_speedup, r.zero_copy_cpu_ratio
     );
+    println!("  (sendfile moved {} KiB per call on average)", r.sendfile_bytes_per_call >> 10);
     println!("small frames: {} frames of {} B body", r.frames, r.frame_body_bytes);
     println!("  {:<22} {:>14}", "writer", "M msg/s");
     println!(
