@@ -189,7 +189,9 @@ impl Shared {
         }
         drop(g);
         TransportStats::sub(&self.stats.outbound_queued_bytes, mem as u64);
-        TransportStats::sub(&self.stats.outbound_queued_file_frames, files as u64);
+        if files > 0 {
+            TransportStats::sub(&self.stats.outbound_queued_file_frames, files as u64);
+        }
     }
 }
 
@@ -267,7 +269,9 @@ impl Outbound {
         }
         let stats = &self.shared.stats;
         TransportStats::add(&stats.outbound_queued_bytes, mem as u64);
-        TransportStats::add(&stats.outbound_queued_file_frames, files as u64);
+        if files > 0 {
+            TransportStats::add(&stats.outbound_queued_file_frames, files as u64);
+        }
         TransportStats::max(&stats.outbound_queued_bytes_peak, g.mem_bytes as u64);
         if self.tx.send(item).is_err() {
             g.mem_bytes -= mem;

@@ -74,7 +74,10 @@ impl TransportStats {
         c.fetch_sub(n, Relaxed);
     }
 
+    /// Raises a high-water gauge; a plain load first, as it rarely moves.
     pub(crate) fn max(c: &AtomicU64, n: u64) {
-        c.fetch_max(n, Relaxed);
+        if n > c.load(Relaxed) {
+            c.fetch_max(n, Relaxed);
+        }
     }
 }
