@@ -17,9 +17,11 @@ Environment knobs:
   SLUICE_SPARK_MODES  "builtin,sluice" (default), or "builtin" to check the harness alone
 """
 
+import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -67,15 +69,21 @@ def manager_class():
 
 
 class Process:
-    """A sluice process whose stdout announces its addresses ("listening on HOST:PORT")."""
+    """A child process whose output announces what it is ready for ("listening on HOST:PORT").
 
-    def __init__(self, name, args, log_dir):
+    Its own session (process group), so stop() also ends what it started (a Spark worker's
+    executors). `merge_stderr`: watch stderr too (Spark logs there)."""
+
+    def __init__(self, name, args, log_dir, env=None, merge_stderr=False):
         self.name = name
         self.log = open(log_dir / f"{name}.log", "w")
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT if merge_stderr else self.log,
+                                     text=True, env=env, start_new_session=True)
         self.lines = []
         self._cond = threading.Condition()
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._pump_thread = threading.Thread(target=self._pump, daemon=True)
+        self._pump_thread.start()
 
     def _pump(self):
         for line in self.proc.stdout:
@@ -101,15 +109,30 @@ class Process:
                                        f"(exit {self.proc.poll()}, see {self.log.name})")
                 self._cond.wait(min(left, 0.5))
 
+    def kill(self):
+        """SIGKILL, no goodbye (a crashed server)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
     def stop(self):
         if self.proc.poll() is None:
-            self.proc.terminate()
+            self._signal(signal.SIGTERM)
             try:
-                self.proc.wait(10)
+                self.proc.wait(15)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                pass
+        # Whatever is left of the group (the process, or children it started).
+        self._signal(signal.SIGKILL)
+        self.proc.wait()
+        self._pump_thread.join(5)
         self.log.close()
+
+    def _signal(self, sig):
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def scrape(metrics_addr):
@@ -125,16 +148,19 @@ def scrape(metrics_addr):
 
 
 class SluiceCluster:
-    """A coordinator and two servers on 127.0.0.1, ports chosen by the OS."""
+    """A coordinator and `servers` servers on 127.0.0.1, ports chosen by the OS."""
 
-    def __init__(self, binary, work_dir):
+    def __init__(self, binary, work_dir, servers=2, coordinator_sets=()):
         self.processes = []
         self.work_dir = work_dir
+        sets = [a for kv in coordinator_sets for a in ("--set", kv)]
         coord = self._start("coordinator", [binary, "coordinator", "--listen", "127.0.0.1:0",
-                                            "--metrics-listen", "127.0.0.1:0"])
+                                            "--metrics-listen", "127.0.0.1:0", *sets])
         self.coordinator = coord.wait_for(r"listening on (\S+)")
         self.server_metrics = []
-        for i in range(2):
+        self.servers = []  # the server Processes
+        self.data_dirs = []
+        for i in range(servers):
             data = work_dir / f"server{i}"
             data.mkdir()
             s = self._start(f"server{i}", [binary, "server", "--listen", "127.0.0.1:0",
@@ -143,16 +169,24 @@ class SluiceCluster:
                                            "--data-dir", str(data)])
             s.wait_for(r"listening on (\S+)")
             self.server_metrics.append(s.wait_for(r"metrics on (\S+)"))
+            self.servers.append(s)
+            self.data_dirs.append(data)
 
     def _start(self, name, args):
         p = Process(name, [str(a) for a in args], self.work_dir)
         self.processes.append(p)
         return p
 
+    def data_files(self):
+        """Every partition file on the servers' disks (`<dir>/<app>/<shuffle>/<p>-<n>.data`)."""
+        return sorted(f for d in self.data_dirs for f in d.glob("*/*/*.data"))
+
     def counters(self):
-        """Server counters summed over both servers (sluice_server_*_total)."""
+        """Server counters summed over the live servers (sluice_server_*_total)."""
         total = {}
-        for addr in self.server_metrics:
+        for s, addr in zip(self.servers, self.server_metrics):
+            if s.proc.poll() is not None:
+                continue
             for k, v in scrape(addr).items():
                 total[k] = total.get(k, 0.0) + v
         return total
@@ -178,13 +212,79 @@ def sluice_cluster(tmp_path_factory):
 
 
 # --------------------------------------------------------------------------------------------
+# A Spark standalone cluster: a master and two one-core workers on two loopback addresses.
+# --------------------------------------------------------------------------------------------
+
+# Two "hosts": Spark never runs a speculative copy on a host already running the task
+# (TaskSetManager.hasAttemptOnHost), and in local-cluster every executor is on one host. Any
+# 127.0.0.0/8 address is the loopback interface, so 127.0.0.2 needs no setup.
+WORKER_HOSTS = ("127.0.0.1", "127.0.0.2")
+
+
+def spark_home():
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+class SparkStandalone:
+    """`spark-class ...Master` and one `...Worker` per WORKER_HOSTS entry, from the pip pyspark.
+
+    Each worker has 1 core (and 1 GiB by default), so an application gets one single-core
+    executor per host.
+    Start and stop are bounded (90 s to start, 15 s per process to stop)."""
+
+    def __init__(self, work_dir, worker_memory="1g", start_timeout=90):
+        self.processes = []
+        self.work_dir = work_dir
+        home = spark_home()
+        spark_class = str(home / "bin" / "spark-class")
+        try:
+            master = self._start("spark-master", home, WORKER_HOSTS[0], [
+                spark_class, "org.apache.spark.deploy.master.Master",
+                "--host", WORKER_HOSTS[0], "--port", "0", "--webui-port", "0"])
+            self.url = master.wait_for(r"Starting Spark master at (spark://\S+)", start_timeout)
+            workers = []
+            for i, host in enumerate(WORKER_HOSTS):
+                workers.append(self._start(f"spark-worker{i}", home, host, [
+                    spark_class, "org.apache.spark.deploy.worker.Worker",
+                    "--host", host, "--cores", "1", "--memory", worker_memory, "--webui-port", "0",
+                    "--work-dir", str(work_dir / f"worker{i}"), self.url]))
+            for w in workers:
+                w.wait_for(r"(Successfully registered with master)", start_timeout)
+        except Exception:
+            self.stop()
+            raise
+
+    def _start(self, name, home, host, args):
+        env = dict(os.environ, SPARK_HOME=str(home), SPARK_LOCAL_IP=host,
+                   SPARK_LOG_DIR=str(self.work_dir), SPARK_NO_DAEMONIZE="1")
+        p = Process(name, args, self.work_dir, env=env, merge_stderr=True)
+        self.processes.append(p)
+        return p
+
+    def stop(self):
+        for p in reversed(self.processes):
+            p.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory):
+    cluster = SparkStandalone(tmp_path_factory.mktemp("spark"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+# --------------------------------------------------------------------------------------------
 # Spark applications: one per mode, every test job runs in both.
 # --------------------------------------------------------------------------------------------
 
 # Same for both modes, so the only difference is the shuffle. Small partitions and buffers so
 # that a few thousand rows already make many batches, several map tasks and several partitions.
 COMMON_CONF = {
-    "spark.master": "local-cluster[2,1,1024]",
+    # spark.master: the standalone cluster's URL (two executors, one per host, one core each).
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.ui.enabled": "false",
@@ -207,6 +307,14 @@ COMMON_CONF = {
     "spark.speculation.quantile": "0.5",
     "spark.speculation.minTaskRuntime": "500ms",
     "spark.task.maxFailures": "4",
+    # Jobs start once both executors are up (the speculation test needs the second host).
+    "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+    "spark.scheduler.maxRegisteredResourcesWaitingTime": "60s",
+    # Tests read what the scheduler did (speculative attempts, fetch failures) from the event
+    # log: one uncompressed JSON event per line.
+    "spark.eventLog.enabled": "true",
+    "spark.eventLog.compress": "false",
+    "spark.eventLog.rolling.enabled": "false",  # Spark 4's default rolls into a directory
     # Python workers import the test module (the jobs' functions are pickled by reference).
     "spark.executorEnv.PYTHONPATH": str(Path(__file__).resolve().parent),
 }
@@ -236,18 +344,82 @@ def sluice_conf(cluster):
     }
 
 
+class EventLog:
+    """The application's event log (spark.eventLog.dir), read while it runs."""
+
+    def __init__(self, directory):
+        self.directory = directory
+
+    def events(self):
+        out = []
+        for f in sorted(p for p in self.directory.rglob("*") if p.is_file()):
+            with open(f) as fh:
+                for line in fh:
+                    if line.endswith("\n"):  # the last line may be half written
+                        out.append(json.loads(line))
+        return out
+
+    def job_group(self, group, timeout=60):
+        """Events of the jobs run under job group `group`, once every one of them has ended.
+
+        The log is written by a listener-bus thread and flushed at job and stage ends, so it
+        can trail the action that ran the jobs; this waits (bounded) for it to catch up."""
+        deadline = time.monotonic() + timeout
+        while True:
+            events = self.events()
+            jobs = {e["Job ID"]: set(e["Stage IDs"]) for e in events
+                    if e["Event"] == "SparkListenerJobStart"
+                    and (e.get("Properties") or {}).get("spark.jobGroup.id") == group}
+            ended = {e["Job ID"] for e in events if e["Event"] == "SparkListenerJobEnd"}
+            if jobs and set(jobs) <= ended:
+                stages = set().union(*jobs.values())
+                return [e for e in events if e.get("Stage ID") in stages
+                        or e.get("Job ID") in jobs
+                        or e.get("Stage Info", {}).get("Stage ID") in stages]
+            if time.monotonic() > deadline:
+                raise AssertionError(f"event log: jobs of group {group!r} did not all end "
+                                     f"within {timeout} s (started: {sorted(jobs)})")
+            time.sleep(0.2)
+
+
 class App:
     """A running Spark application in one shuffle mode."""
 
-    def __init__(self, mode, spark, cluster, scratch):
+    def __init__(self, mode, spark, cluster, scratch, events_dir):
         self.mode = mode
         self.spark = spark
         self.cluster = cluster
         self.scratch = scratch  # shared with the executors (same machine)
+        self.event_log = EventLog(events_dir)
 
     @property
     def sc(self):
         return self.spark.sparkContext
+
+
+def start_app(name, conf, events_dir):
+    """A SparkSession with `conf` (plus the event log into `events_dir`), up with 2 executors."""
+    from pyspark.sql import SparkSession
+
+    events_dir.mkdir(parents=True, exist_ok=True)
+    conf = dict(conf, **{"spark.eventLog.dir": events_dir.as_uri()})
+    builder = SparkSession.builder.appName(name)
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    started = time.monotonic()
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    # minRegisteredResourcesRatio holds jobs until both executors are up; say so if they aren't.
+    jsc = spark.sparkContext._jsc.sc()
+    deadline = time.monotonic() + 60
+    while jsc.getExecutorMemoryStatus().size() < 1 + len(WORKER_HOSTS):
+        if time.monotonic() > deadline:
+            spark.stop()
+            raise RuntimeError(f"{name}: executors did not all register within 60 s")
+        time.sleep(0.2)
+    print(f"\n[{name}] Spark {spark.version} application up in "
+          f"{time.monotonic() - started:.1f} s", file=sys.stderr)
+    return spark
 
 
 # Reference results of the built-in shuffle, by test name (filled by the "builtin" run).
@@ -257,31 +429,23 @@ START_FAILURES = {}
 
 
 @pytest.fixture(scope="session", params=MODES)
-def app(request, sluice_cluster):
-    from pyspark.sql import SparkSession
-
+def app(request, sluice_cluster, spark_cluster):
     mode = request.param
     if mode in START_FAILURES:
         pytest.fail(f"the {mode} application did not start: {START_FAILURES[mode]}")
-    conf = dict(COMMON_CONF)
+    conf = dict(COMMON_CONF, **{"spark.master": spark_cluster.url})
     conf.update(classpath_conf())
     if mode == "sluice":
         conf.update(sluice_conf(sluice_cluster))
-    builder = SparkSession.builder.appName(f"sluice-test-{mode}")
-    for k, v in conf.items():
-        builder = builder.config(k, v)
     scratch = Path(tempfile.mkdtemp(prefix=f"sluice-spark-{mode}-"))
-    started = time.monotonic()
     try:
-        spark = builder.getOrCreate()
+        spark = start_app(f"sluice-test-{mode}", conf, scratch / "events")
     except Exception as e:
         START_FAILURES[mode] = str(e).splitlines()[0]
         raise
-    spark.sparkContext.setLogLevel("WARN")
-    print(f"\n[{mode}] Spark {spark.version} application up in "
-          f"{time.monotonic() - started:.1f} s", file=sys.stderr)
     try:
-        yield App(mode, spark, sluice_cluster if mode == "sluice" else None, scratch)
+        yield App(mode, spark, sluice_cluster if mode == "sluice" else None, scratch,
+                  scratch / "events")
     finally:
         spark.stop()
         shutil.rmtree(scratch, ignore_errors=True)

@@ -174,6 +174,8 @@ def test_task_fails_on_first_attempt(app):
 
 
 def test_speculation_with_straggler(app):
+    """Map 0 straggles half way through its pushes; Spark runs a copy on the other host, the copy
+    wins, the straggler is killed. Sluice must keep exactly the copy's output."""
     scratch = app.scratch
 
     def job(a):
@@ -184,17 +186,34 @@ def test_speculation_with_straggler(app):
             _marker(scratch, f"spec-map-{index}-attempt-{ctx.attemptNumber()}")
             for i, x in enumerate(it):
                 if index == 0 and ctx.attemptNumber() == 0 and i == 1000:
-                    time.sleep(8)  # the straggler, half way through its pushes
+                    time.sleep(20)  # the straggler; killed once the copy has won
                 yield (x % 23, x)
-        rdd = a.sc.parallelize(range(N), 4).mapPartitionsWithIndex(slow_map)
-        return sorted(rdd.groupByKey(4).mapValues(sorted).collect())
+        a.sc.setJobGroup("speculation", "straggler with a speculative copy")
+        try:
+            rdd = a.sc.parallelize(range(N), 4).mapPartitionsWithIndex(slow_map)
+            return sorted(rdd.groupByKey(4).mapValues(sorted).collect())
+        finally:
+            a.sc.setJobGroup("", "")
+    started = time.monotonic()
     result = run(app, "speculation_with_straggler", job)
     assert len(result) == 23
-    if not list(scratch.glob("spec-map-0-attempt-[1-9]*")):
-        # The job above still ran (and was compared) with a straggler; only the copy is missing.
-        pytest.skip("no speculative copy: in local-cluster every executor is on one host, and "
-                    "Spark never launches a copy on a host already running the task "
-                    "(TaskSetManager.hasAttemptOnHost); see docs/spark.md")
+    events = app.event_log.job_group("speculation")
+    ends = [(e["Stage ID"], e["Task Info"]) for e in events
+            if e["Event"] == "SparkListenerTaskEnd"]
+    spec = [(stage, t) for stage, t in ends if t["Speculative"]]
+    assert spec, "no speculative attempt ran (see the event log)"
+    won = [(stage, t) for stage, t in spec if t["Index"] == 0 and not t["Failed"]
+           and not t["Killed"]]
+    assert won, f"the speculative copy of map 0 did not win: {spec}"
+    stage, copy = won[0]
+    # The straggler's own end comes after the job's (it is killed once the copy has won).
+    original = [e["Task Info"] for e in events if e["Event"] == "SparkListenerTaskStart"
+                and e["Stage ID"] == stage and e["Task Info"]["Index"] == 0
+                and not e["Task Info"]["Speculative"]]
+    assert original and original[0]["Host"] != copy["Host"]
+    print(f"[{app.mode}] map 0: straggler on {original[0]['Host']}, speculative copy on "
+          f"{copy['Host']} won; job {time.monotonic() - started:.1f} s")
+    assert list(scratch.glob("spec-map-0-attempt-[1-9]*"))
 
 
 def test_checker_rejects_a_wrong_result(app):
