@@ -46,6 +46,14 @@ impl PartitionReader {
         map_start: u32,
         map_end: u32,
     ) -> Result<Self, ClientError> {
+        if map_start > map_end {
+            // Sent as is, the server's decoder would call the frame malformed and close a shared
+            // connection; this is the caller's mistake, so say so here.
+            return Err(ClientError::Server {
+                code: ErrorCode::InvalidRequest,
+                message: format!("map range [{map_start}, {map_end}) is backwards"),
+            });
+        }
         let loc = a.partitions.get(partition as usize).ok_or(ClientError::Server {
             code: ErrorCode::InvalidRequest,
             message: format!("partition {partition} not in the assignment"),

@@ -56,19 +56,14 @@ impl Handler for ServerHandler {
 
     fn handle(
         &self,
-        conn: &Arc<ConnInfo>,
+        _conn: &Arc<ConnInfo>,
         req: Request,
     ) -> impl Future<Output = Response> + Send + 'static {
         let state = self.state.clone();
-        let conn_id = conn.id;
         // The permit is the Reservation made in `admit`; it moves into the partition buffers.
         let reservation =
             req.permit.and_then(|p| p.downcast::<memory_budget::Reservation>().ok()).map(|b| *b);
-        state.dispatch(conn_id, req.message, req.body, reservation)
-    }
-
-    fn connection_closed(&self, conn: &ConnInfo) {
-        self.state.connection_closed(conn.id);
+        state.dispatch(req.message, req.body, reservation)
     }
 }
 
@@ -153,6 +148,7 @@ async fn maintenance(state: Arc<ServerState>) {
         n += 1;
         if n.is_multiple_of(20) {
             state.expire_apps();
+            state.expire_streams();
         }
     }
 }

@@ -89,6 +89,11 @@ impl MemoryBudget {
         }
     }
 
+    /// Whether pushes are being refused until usage falls under the resume watermark.
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::Acquire)
+    }
+
     /// Bytes reserved now.
     pub fn used(&self) -> u64 {
         self.used.load(Ordering::Acquire)

@@ -26,11 +26,16 @@ fn fail<T>(code: ErrorCode, msg: impl Into<String>) -> Result<T, Failure> {
     Err((code, msg.into()))
 }
 
-/// An open read stream.
+/// An open read stream. It belongs to no connection: a reader may fetch its chunks over any
+/// pooled connection, so it lives until `CloseStream`, its shuffle's deletion, or idleness.
 struct Stream {
-    conn_id: u64,
+    shuffle: Arc<Shuffle>,
     chunks: Vec<Chunk>,
+    last_used: Instant,
 }
+
+/// A stream not fetched from for this long is dropped (its reader is gone).
+const STREAM_IDLE: Duration = Duration::from_secs(600);
 
 /// Everything a server holds.
 pub struct ServerState {
@@ -113,6 +118,15 @@ impl ServerState {
                 format!("shuffle {shuffle_id} of {app_id} is committed; pushes are refused"),
             )));
         }
+        if body_len as u64 > self.budget.capacity() {
+            return Err(to_msg((
+                ErrorCode::InvalidRequest,
+                format!(
+                    "a push of {body_len} bytes exceeds the server's memory budget of {} bytes",
+                    self.budget.capacity()
+                ),
+            )));
+        }
         if !self.storage.has_healthy() {
             return Err(to_msg((
                 ErrorCode::StorageUnavailable,
@@ -132,7 +146,6 @@ impl ServerState {
     /// Handles one request (after admission).
     pub async fn dispatch(
         self: Arc<Self>,
-        conn_id: u64,
         msg: Message,
         body: Bytes,
         reservation: Option<Reservation>,
@@ -158,7 +171,7 @@ impl ServerState {
             Message::RegisterShuffle(r) => self.register_shuffle(r),
             Message::UnregisterShuffle(r) => self.unregister_shuffle(&r.app_id, r.shuffle_id),
             Message::CommitShuffle(c) => self.commit(&c.app_id, c.shuffle_id).await,
-            Message::OpenStream(o) => self.open_stream(conn_id, o),
+            Message::OpenStream(o) => self.open_stream(o),
             Message::FetchChunk(f) => self.fetch_chunk(f),
             Message::CloseStream(c) => {
                 self.streams.lock().remove(&c.stream_id);
@@ -267,7 +280,9 @@ impl ServerState {
         let used = self.budget.used();
         let flushing = self.flushing_bytes.load(Ordering::Acquire);
         let mut need = (used.saturating_sub(flushing)).saturating_sub(self.budget.resume_at());
-        if used >= self.budget.flush_at() && need > 0 {
+        // Paused (busy) counts as pressure too: usage can sit between the resume and the flush
+        // watermarks, where nothing else would flush and the pause would never end.
+        if (used >= self.budget.flush_at() || self.budget.is_paused()) && need > 0 {
             let mut candidates = Vec::new();
             for app in self.apps.lock().values() {
                 for s in app.shuffles.lock().values() {
@@ -403,7 +418,7 @@ impl ServerState {
         Ok(Response::msg(CommitResult { shuffle_id, partitions }))
     }
 
-    fn open_stream(&self, conn_id: u64, o: OpenStream) -> Result<Response, Failure> {
+    fn open_stream(&self, o: OpenStream) -> Result<Response, Failure> {
         let shuffle = self.shuffle(&o.app_id, o.shuffle_id)?;
         if !shuffle.is_committed() {
             return fail(
@@ -444,14 +459,17 @@ impl ServerState {
         committed.sort_unstable_by_key(|c| c.map_id);
         let stream_id = self.next_stream.fetch_add(1, Ordering::Relaxed);
         let chunk_lengths = chunks.iter().map(|c| c.len as u32).collect();
-        self.streams.lock().insert(stream_id, Stream { conn_id, chunks });
+        self.streams.lock().insert(
+            stream_id,
+            Stream { shuffle: shuffle.clone(), chunks, last_used: Instant::now() },
+        );
         self.stats.streams_opened.fetch_add(1, Ordering::Relaxed);
         Ok(Response::msg(StreamHandle { stream_id, chunk_lengths, committed }))
     }
 
     fn fetch_chunk(&self, f: FetchChunk) -> Result<Response, Failure> {
-        let streams = self.streams.lock();
-        let Some(s) = streams.get(&f.stream_id) else {
+        let mut streams = self.streams.lock();
+        let Some(s) = streams.get_mut(&f.stream_id) else {
             return fail(ErrorCode::UnknownStream, format!("stream {} is not open", f.stream_id));
         };
         let Some(c) = s.chunks.get(f.chunk_index as usize) else {
@@ -460,6 +478,7 @@ impl ServerState {
                 format!("chunk {} of {}", f.chunk_index, s.chunks.len()),
             );
         };
+        s.last_used = Instant::now();
         self.stats.fetched_chunks.fetch_add(1, Ordering::Relaxed);
         self.stats.fetched_bytes.fetch_add(c.len, Ordering::Relaxed);
         Ok(Response {
@@ -468,9 +487,11 @@ impl ServerState {
         })
     }
 
-    /// Drops the streams a closed connection left open.
-    pub fn connection_closed(&self, conn_id: u64) {
-        self.streams.lock().retain(|_, s| s.conn_id != conn_id);
+    /// Drops streams that went idle or whose shuffle was deleted.
+    pub fn expire_streams(&self) {
+        self.streams.lock().retain(|_, s| {
+            s.last_used.elapsed() < STREAM_IDLE && !s.shuffle.deleted.load(Ordering::Acquire)
+        });
     }
 
     /// Expires applications whose heartbeats stopped.

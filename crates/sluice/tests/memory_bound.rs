@@ -117,7 +117,6 @@ async fn sixteen_writers_stay_within_the_memory_budget() {
 /// `busy_then_stuck_between_resume_and_flush_watermarks` reproduces deterministically (seen:
 /// `memory_used_bytes` 5.50 MiB of 8, busy replies climbing, nothing flushed, for minutes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: memory budget wedges paused between the resume and flush watermarks (see busy_then_stuck_...)"]
 async fn a_tiny_budget_answers_busy_and_loses_nothing() {
     bounded("a_tiny_budget_answers_busy_and_loses_nothing", 45, async {
         let scratch = Scratch::new();
@@ -194,7 +193,6 @@ async fn a_tiny_budget_answers_busy_and_loses_nothing() {
 /// Fix idea: relieve pressure whenever the budget is paused (flush down to the resume mark), or
 /// do not stay paused below the flush watermark.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: budget paused with used in [resume, flush) never recovers: every push is Busy forever"]
 async fn busy_then_stuck_between_resume_and_flush_watermarks() {
     use bytes::BytesMut;
     use sluice_proto::batch::put_batch;

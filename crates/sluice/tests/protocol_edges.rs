@@ -84,7 +84,6 @@ async fn missing_batches_are_reported_as_data_lost() {
 /// Root cause: `MemoryBudget::try_reserve` returns `None` for `next > capacity` even when the
 /// budget is empty, and `admit_push` turns every `None` into `Busy`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: a push larger than the memory budget is answered Busy forever (writer spins ~50 s, then retriable TIMEOUT)"]
 async fn a_push_larger_than_the_budget_is_not_busy_forever() {
     bounded("a_push_larger_than_the_budget_is_not_busy_forever", 30, async {
         let scratch = Scratch::new();
@@ -114,7 +113,6 @@ async fn a_push_larger_than_the_budget_is_not_busy_forever() {
 /// (`ShuffleReaderClient` throws `IllegalArgumentException`). Today it gets MALFORMED_FRAME and
 /// takes the pooled connection down with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: PartitionReader sends a backwards map range; the fatal MALFORMED_FRAME closes a shared pooled connection"]
 async fn the_reader_refuses_a_backwards_map_range_locally() {
     bounded("the_reader_refuses_a_backwards_map_range_locally", 30, async {
         let scratch = Scratch::new();
@@ -176,7 +174,6 @@ async fn chunked_shuffle(
 /// `CloseStream`), or the reader must fetch on the connection that opened the stream (then this
 /// raw check is moot, and the native-reader check below is what matters).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: a stream dies with the connection that opened it while the reader fetches on another pooled connection"]
 async fn a_stream_outlives_the_connection_that_opened_it() {
     bounded("a_stream_outlives_the_connection_that_opened_it", 30, async {
         let scratch = Scratch::new();
@@ -211,7 +208,6 @@ async fn a_stream_outlives_the_connection_that_opened_it() {
 /// The user-visible side of the same bug: a native read in progress fails with UNKNOWN_STREAM
 /// because another request of the same client hit a fatal error on a pooled connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: a fatal error on one pooled connection kills streams other readers fetch on other connections"]
 async fn a_read_survives_a_fatal_error_on_another_request() {
     bounded("a_read_survives_a_fatal_error_on_another_request", 30, async {
         let scratch = Scratch::new();

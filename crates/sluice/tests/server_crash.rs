@@ -84,7 +84,6 @@ async fn writer_fails_promptly_when_the_server_dies_mid_push() {
 /// `error_max_retries` (add_batch waits for in-flight permits, finish joins every task), i.e.
 /// after roughly (tasks per slot) × 10 s — measured: no error after 100 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: writer with default options hangs for minutes after its server dies (Pool::get back-off serializes retries)"]
 async fn writer_with_default_options_fails_promptly_when_the_server_dies() {
     bounded("writer_with_default_options_fails_promptly_when_the_server_dies", 30, async {
         let took = push_until_the_writer_notices(|o| {

@@ -69,7 +69,7 @@ impl Pool {
 
     /// A live connection to `addr`: the next slot's, opened (or replaced) if needed. When that
     /// slot is backing off after failures, another live connection to the peer is used if there
-    /// is one; otherwise the call waits out the backoff and tries again.
+    /// is one; otherwise the call fails at once with a retriable `Connect` error.
     pub async fn get(&self, addr: SocketAddr) -> Result<Arc<Connection>, TransportError> {
         let peer = self.peer(addr);
         let n = peer.slots.len();
@@ -93,7 +93,17 @@ impl Pool {
                         }
                     }
                 }
-                tokio::time::sleep_until(at).await;
+                // Fail now rather than sleep out the backoff holding this slot: callers keep
+                // their own bounded retries, and a dead peer must not queue every caller behind
+                // every other caller's backoff.
+                let wait_ms = at.saturating_duration_since(Instant::now()).as_millis();
+                return Err(TransportError::Connect {
+                    addr,
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::ConnectionRefused,
+                        format!("peer unreachable; next reconnect attempt in {wait_ms} ms"),
+                    ),
+                });
             }
         }
         match Connection::connect_with_stats(addr, &self.cfg, self.stats.clone()).await {
