@@ -10,6 +10,11 @@ mod workload;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc keeps freed pages for reuse: push bodies and batches are ~256 KiB each, and glibc
+/// returns blocks that size to the kernel, so every push paid page faults on fresh memory.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "sluice", version, about = "Sluice remote shuffle service")]
 struct Cli {
