@@ -14,6 +14,8 @@ use anyhow::{bail, Context};
 pub struct Child {
     proc: std::process::Child,
     pub addr: SocketAddr,
+    /// The metrics endpoint, when started with `--metrics-listen`.
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Child {
@@ -31,19 +33,42 @@ impl Child {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(a) = line.strip_prefix("listening on ") {
-                    let _ = tx.send(a.trim().to_owned());
+                for (key, prefix) in [("listen", "listening on "), ("metrics", "metrics on ")] {
+                    if let Some(a) = line.strip_prefix(prefix) {
+                        let _ = tx.send((key, a.trim().to_owned()));
+                    }
                 }
             }
         });
-        let addr = match rx.recv_timeout(Duration::from_secs(20)) {
-            Ok(a) => a.parse().context("parsing the child's address")?,
-            Err(_) => {
-                let _ = proc.kill();
-                bail!("sluice {} did not start within 20 s", args.join(" "));
+        let wants_metrics = args.iter().any(|a| a == "--metrics-listen");
+        let (mut addr, mut metrics) = (None, None);
+        while addr.is_none() || (wants_metrics && metrics.is_none()) {
+            match rx.recv_timeout(Duration::from_secs(20)) {
+                Ok(("listen", a)) => addr = Some(a.parse().context("parsing the child's address")?),
+                Ok((_, a)) => metrics = Some(a.parse().context("parsing the metrics address")?),
+                Err(_) => {
+                    let _ = proc.kill();
+                    bail!("sluice {} did not start within 20 s", args.join(" "));
+                }
             }
+        }
+        Ok(Child { proc, addr: addr.expect("set above"), metrics })
+    }
+
+    /// One counter or gauge from the child's metrics endpoint (0 when unavailable).
+    pub fn metric(&self, name: &str) -> u64 {
+        use std::io::{Read, Write};
+        let Some(addr) = self.metrics else { return 0 };
+        let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
+            return 0;
         };
-        Ok(Child { proc, addr })
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let _ = s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n");
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0)
     }
 
     /// Process id.
@@ -119,6 +144,8 @@ impl Cluster {
                 coordinator.addr.to_string(),
                 "--set".into(),
                 "heartbeat_interval_ms=200".into(),
+                "--metrics-listen".into(),
+                "127.0.0.1:0".into(),
             ];
             for s in spec.server_sets.get(i).into_iter().flatten() {
                 args.push("--set".into());

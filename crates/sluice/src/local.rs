@@ -141,6 +141,9 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
     let bad = mismatches(&expect, &got);
     let verified = bad.is_empty();
     let peak_rss = cluster.servers.iter().map(|s| s.peak_rss_bytes()).max().unwrap_or(0);
+    let server_sum = |m: &str| cluster.servers.iter().map(|s| s.metric(m)).sum::<u64>();
+    let busy = server_sum("sluice_server_busy_replies_total");
+    let sendfile_bytes = server_sum("sluice_server_sendfile_bytes_total");
     let records: u64 =
         expect.count.iter().map(|c| c.load(std::sync::atomic::Ordering::Relaxed)).sum();
     let servers: Vec<_> = cluster.servers.iter().map(|s| s.addr).collect();
@@ -158,6 +161,8 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
         "fetch_gbps": fetched as f64 / fetch_s / 1e9,
         "server_peak_rss_bytes": peak_rss,
         "server_idle_rss_bytes": idle_rss,
+        "busy_replies": busy,
+        "sendfile_bytes": sendfile_bytes,
         "memory_budget_bytes": args.memory_budget,
         "servers": args.servers,
         "maps": args.maps,
