@@ -14,7 +14,7 @@ use crate::error::TransportError;
 /// Bytes asked of the socket per read while looking for a frame head.
 const READ_CHUNK: usize = 64 << 10;
 /// Scratch size for discarding a refused body.
-const DISCARD_CHUNK: usize = 64 << 10;
+const DISCARD_CHUNK: usize = 256 << 10;
 
 /// Reads frames from one connection.
 pub struct FrameReader {
@@ -103,7 +103,7 @@ impl FrameReader {
         Ok(body.freeze())
     }
 
-    /// Reads and drops `len` body bytes through a bounded scratch buffer.
+    /// Reads and drops `len` body bytes through a bounded (256 KiB) scratch buffer.
     pub async fn discard_body(&mut self, len: u32) -> Result<(), TransportError> {
         let mut left = len as usize;
         let have = self.buf.len().min(left);

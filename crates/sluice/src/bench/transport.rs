@@ -23,8 +23,11 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use bytes::Bytes;
 use serde::Serialize;
-use sluice_proto::message::{ChunkData, FetchChunk};
-use sluice_proto::{ErrorCode, Message};
+use sluice_proto::frame::DEFAULT_MAX_FRAME_BYTES;
+use sluice_proto::message::{
+    ChunkData, FetchChunk, Handshake, FEATURE_CRC32C, MAGIC, PROTOCOL_VERSION,
+};
+use sluice_proto::{encode_frame, ErrorCode, Message};
 use sluice_transport::{
     serve, Body, ClientConfig, ConnInfo, Connection, FileRegion, FrameReader, Handler, OutFrame,
     Outbound, Request, Response, ServerConfig, TransportStats, WriterOptions,
@@ -47,8 +50,10 @@ pub struct Args {
     /// Passes over the file per measurement.
     #[arg(long, default_value_t = 3)]
     pub passes: u32,
-    /// Chunk requests in flight at once on the connection.
-    #[arg(long, default_value_t = 4)]
+    /// Chunk requests in flight at once on each connection. (Over loopback, deeper pipelines
+    /// fill the client's receive queue with page-cache frags, whose collapse is charged to the
+    /// sender; one per connection is the fairest view of the server's path.)
+    #[arg(long, default_value_t = 1)]
     pub pipeline: usize,
     /// Measurements of each mode (alternating); the best of each is reported.
     #[arg(long, default_value_t = 3)]
@@ -62,6 +67,13 @@ pub struct Args {
     /// Frames per `writev` in the batched run.
     #[arg(long, default_value_t = 64)]
     pub batch: usize,
+    /// Client connections of the file test (each with `--pipeline` requests in flight).
+    #[arg(long, default_value_t = 2)]
+    pub connections: usize,
+    /// Fetch through `Connection` (a fresh buffer per body, as a real reader would) instead of
+    /// the lean reader that reuses one scratch buffer.
+    #[arg(long)]
+    pub client_connection: bool,
     /// Directory for the temp file (default: the system temp dir).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -85,6 +97,7 @@ struct Results {
     chunk_bytes: u64,
     passes: u32,
     pipeline: usize,
+    connections: usize,
     zero_copy_gbps: f64,
     copy_gbps: f64,
     zero_copy_server_cpu_s_per_gb: f64,
@@ -115,7 +128,12 @@ struct Results {
 
 /// Runs the benchmark and prints its results.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if args.chunk_mib == 0 || args.pipeline == 0 || args.batch == 0 || args.batch > 512 {
+    if args.chunk_mib == 0
+        || args.pipeline == 0
+        || args.connections == 0
+        || args.batch == 0
+        || args.batch > 512
+    {
         bail!("--chunk-mib and --pipeline must be positive and --batch in 1..=512");
     }
     let loadavg_before = loadavg();
@@ -136,7 +154,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     warm(&path)?;
 
     let mut child = ServerChild::spawn(&path, chunk_bytes)?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let result = rt.block_on(measure(&args, &mut child, file_bytes, chunk_bytes));
     child.stop();
     let mut r = result?;
@@ -164,16 +182,35 @@ async fn measure(
         for (zero_copy, addr) in [(true, zc_addr), (false, copy_addr)] {
             let cpu0 = child.cpu()?;
             let t = Instant::now();
-            fetch_chunks(addr, total_chunks, chunks, chunk_bytes, args.pipeline).await?;
+            let own0 = process_cpu_seconds();
+            let mut lanes = Vec::new();
+            for c in 0..args.connections as u64 {
+                // Connection `c` fetches chunks c, c+n, c+2n, … (n = connections).
+                let (n, pipeline, client_connection) =
+                    (args.connections as u64, args.pipeline, args.client_connection);
+                let count = total_chunks / n + u64::from(c < total_chunks % n);
+                lanes.push(tokio::spawn(async move {
+                    if client_connection {
+                        fetch_chunks(addr, count, chunks, chunk_bytes, pipeline, c, n).await
+                    } else {
+                        fetch_chunks_lean(addr, count, chunks, chunk_bytes, pipeline, c, n).await
+                    }
+                }));
+            }
+            for lane in lanes {
+                lane.await??;
+            }
             let secs = t.elapsed().as_secs_f64();
             let cpu = child.cpu()? - cpu0;
+            let own = (process_cpu_seconds() - own0) / secs;
             let gb = (total_chunks * chunk_bytes) as f64 / 1e9;
             let (gbps, cpu_per_gb) = (gb / secs, cpu / gb);
             progress(
                 args,
                 &format!(
-                    "round {round}: {} {gbps:.2} GB/s, server {cpu_per_gb:.3} CPU s/GB",
-                    mode(zero_copy)
+                    "round {round}: {} {gbps:.2} GB/s, server {cpu_per_gb:.3} CPU s/GB (client {:.0}% CPU)",
+                    mode(zero_copy),
+                    own * 100.0
                 ),
             );
             let best = if zero_copy { &mut zc } else { &mut cp };
@@ -188,7 +225,16 @@ async fn measure(
     for round in 0..args.rounds {
         for batch in [args.batch, 1] {
             let (cpu0, own0, t) = (child.cpu()?, process_cpu_seconds(), Instant::now());
-            let rate = push_frames(sink_addr, args.frames, args.frame_bytes, batch).await?;
+            let (frames, frame_bytes) = (args.frames, args.frame_bytes);
+            // Sender and its writer share one thread (the sink has the other core).
+            let rate = tokio::task::block_in_place(|| {
+                std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                    rt.block_on(push_frames(sink_addr, frames, frame_bytes, batch))
+                })
+                .join()
+                .map_err(|_| anyhow::anyhow!("sender thread panicked"))
+            })??;
             let secs = t.elapsed().as_secs_f64();
             let (sink, own) = ((child.cpu()? - cpu0) / secs, (process_cpu_seconds() - own0) / secs);
             progress(
@@ -210,6 +256,7 @@ async fn measure(
         chunk_bytes,
         passes: args.passes,
         pipeline: args.pipeline,
+        connections: args.connections,
         zero_copy_gbps: zc.0,
         copy_gbps: cp.0,
         zero_copy_server_cpu_s_per_gb: zc.1,
@@ -248,7 +295,10 @@ async fn fetch_chunks(
     chunks: u64,
     chunk_bytes: u64,
     pipeline: usize,
+    first: u64,
+    stride: u64,
 ) -> anyhow::Result<()> {
+    let chunk = move |i: u64| ((first + i * stride) % chunks) as u32;
     let conn = Arc::new(Connection::connect(addr, &ClientConfig::default()).await?);
     let mut tasks = Vec::new();
     for lane in 0..pipeline as u64 {
@@ -256,7 +306,7 @@ async fn fetch_chunks(
         tasks.push(tokio::spawn(async move {
             let mut i = lane;
             while i < total {
-                let chunk_index = (i % chunks) as u32;
+                let chunk_index = chunk(i);
                 let reply = conn
                     .request(
                         Message::FetchChunk(FetchChunk { stream_id: 1, chunk_index }),
@@ -276,6 +326,59 @@ async fn fetch_chunks(
     }
     for t in tasks {
         t.await??;
+    }
+    Ok(())
+}
+
+/// Fetches `total` chunks like [`fetch_chunks`] but reads each body into a reused scratch buffer
+/// (the transport's `FrameReader::discard_body`) instead of a fresh buffer per body, so the
+/// client's page faults on new 4 MiB buffers do not cap what the server can show.
+async fn fetch_chunks_lean(
+    addr: SocketAddr,
+    total: u64,
+    chunks: u64,
+    chunk_bytes: u64,
+    pipeline: usize,
+    first: u64,
+    stride: u64,
+) -> anyhow::Result<()> {
+    let stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let (rd, mut wr) = stream.into_split();
+    let hs = Handshake {
+        magic: MAGIC,
+        version: PROTOCOL_VERSION,
+        features: FEATURE_CRC32C,
+        max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+        app_id: String::new(),
+        secret: String::new(),
+    };
+    wr.write_all(&encode_frame(0, &Message::Handshake(hs), &[])).await?;
+    let mut reader = FrameReader::new(rd, DEFAULT_MAX_FRAME_BYTES, None);
+    match reader.read_head().await? {
+        Some((_, Message::HandshakeOk(_))) => {}
+        other => bail!("handshake: {other:?}"),
+    }
+    let request = |i: u64| {
+        let chunk_index = ((first + i * stride) % chunks) as u32;
+        let m = Message::FetchChunk(FetchChunk { stream_id: 1, chunk_index });
+        encode_frame(i as u32, &m, &[])
+    };
+    let mut sent = 0u64;
+    while sent < total.min(pipeline as u64) {
+        wr.write_all(&request(sent)).await?;
+        sent += 1;
+    }
+    for _ in 0..total {
+        let Some((h, m)) = reader.read_head().await? else { bail!("server closed") };
+        if !matches!(m, Message::ChunkData(_)) || h.body_len() as u64 != chunk_bytes {
+            bail!("unexpected reply {m:?} with {} body bytes", h.body_len());
+        }
+        if sent < total {
+            wr.write_all(&request(sent)).await?;
+            sent += 1;
+        }
+        reader.discard_body(h.body_len()).await?;
     }
     Ok(())
 }
@@ -558,10 +661,11 @@ fn progress(args: &Args, text: &str) {
 fn print_table(r: &Results) {
     println!("sluice bench transport — loopback, server in a separate process");
     println!(
-        "file bodies: {} MiB file (page cache), {} MiB chunks, {} passes, {} in flight",
+        "file bodies: {} MiB file (page cache), {} MiB chunks, {} passes, {} connections × {} in flight",
         r.file_bytes >> 20,
         r.chunk_bytes >> 20,
         r.passes,
+        r.connections,
         r.pipeline
     );
     println!("  {:<22} {:>10} {:>18}", "path", "GB/s", "server CPU s/GB");
