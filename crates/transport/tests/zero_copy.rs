@@ -61,6 +61,10 @@ async fn tiny_socket_buffers_many_partial_writes() {
     let ccfg = ClientConfig {
         send_buffer_bytes: Some(4096),
         recv_buffer_bytes: Some(4096),
+        // With 4 KiB buffers a busy machine can leave the sender in the kernel's zero-window
+        // probe back-off for many seconds before the transfer resumes (seen: 19 s under load
+        // 6, completing intact). The timeout only guards against a hang.
+        request_timeout_ms: 60_000,
         ..client_config()
     };
     let conn = Connection::connect(server.addr, &ccfg).await.unwrap();
