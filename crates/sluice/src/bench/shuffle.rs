@@ -63,7 +63,11 @@ fn payload(bytes: usize) -> Vec<u8> {
 }
 
 /// Pushes `bytes` in ready-made batches from `maps` concurrent writers; returns bytes pushed.
-async fn push_batches(client: &ShuffleClient, a: &Arc<Assignment>, args: &ShuffleBenchArgs) -> anyhow::Result<u64> {
+async fn push_batches(
+    client: &ShuffleClient,
+    a: &Arc<Assignment>,
+    args: &ShuffleBenchArgs,
+) -> anyhow::Result<u64> {
     let batch = Arc::new(payload(args.batch_bytes as usize));
     let per_map = args.bytes / args.maps as u64 / args.batch_bytes;
     let tasks = (0..args.maps).map(|m| {
@@ -85,8 +89,17 @@ async fn push_batches(client: &ShuffleClient, a: &Arc<Assignment>, args: &Shuffl
     Ok(total)
 }
 
-async fn one_server(args: &ShuffleBenchArgs, sets: Vec<String>, data_root: Option<std::path::PathBuf>) -> anyhow::Result<(Cluster, ShuffleClient, Arc<Assignment>)> {
-    let cluster = Cluster::start(&ClusterSpec { servers: 1, memory_budget_bytes: args.memory_budget, data_root, server_sets: vec![sets] })?;
+async fn one_server(
+    args: &ShuffleBenchArgs,
+    sets: Vec<String>,
+    data_root: Option<std::path::PathBuf>,
+) -> anyhow::Result<(Cluster, ShuffleClient, Arc<Assignment>)> {
+    let cluster = Cluster::start(&ClusterSpec {
+        servers: 1,
+        memory_budget_bytes: args.memory_budget,
+        data_root,
+        server_sets: vec![sets],
+    })?;
     let client = client_for(&cluster, "bench").await?;
     let a = client.register_shuffle(0, args.maps, args.partitions, 1).await?;
     Ok((cluster, client, a))
@@ -101,7 +114,8 @@ fn server(c: &Cluster) -> &Child {
 pub async fn push(args: ShuffleBenchArgs) -> anyhow::Result<()> {
     let shm = std::path::Path::new("/dev/shm");
     let root = shm.is_dir().then(|| shm.to_path_buf());
-    let (cluster, client, a) = one_server(&args, vec!["chunk_bytes=8388608".into()], root.clone()).await?;
+    let (cluster, client, a) =
+        one_server(&args, vec!["chunk_bytes=8388608".into()], root.clone()).await?;
     let cpu0 = cpu_seconds(server(&cluster).pid());
     let t = Instant::now();
     let bytes = push_batches(&client, &a, &args).await?;
@@ -124,7 +138,11 @@ pub async fn push(args: ShuffleBenchArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{out}");
     } else {
-        println!("bench push: {} writers → 1 server (data on {})", args.maps, if root.is_some() { "tmpfs" } else { "disk" });
+        println!(
+            "bench push: {} writers → 1 server (data on {})",
+            args.maps,
+            if root.is_some() { "tmpfs" } else { "disk" }
+        );
         println!("  pushed {:.2} GiB in {s:.2} s: {:.2} GB/s ingest, server {:.3} CPU s/GB, peak RSS {:.0} MiB",
             bytes as f64 / (1u64 << 30) as f64, out["ingest_gbps"].as_f64().unwrap_or(0.0),
             out["server_cpu_s_per_gb"].as_f64().unwrap_or(0.0), server(&cluster).peak_rss_bytes() as f64 / 1048576.0);
@@ -134,7 +152,12 @@ pub async fn push(args: ShuffleBenchArgs) -> anyhow::Result<()> {
 }
 
 /// Reads every partition of a committed shuffle; returns (bytes, seconds, server CPU seconds).
-async fn fetch_all(cluster: &Cluster, client: &ShuffleClient, a: &Assignment, args: &ShuffleBenchArgs) -> anyhow::Result<(u64, f64, f64)> {
+async fn fetch_all(
+    cluster: &Cluster,
+    client: &ShuffleClient,
+    a: &Assignment,
+    args: &ShuffleBenchArgs,
+) -> anyhow::Result<(u64, f64, f64)> {
     let cpu0 = cpu_seconds(server(cluster).pid());
     let t = Instant::now();
     let bytes = read_batches(client, a, args).await?;
@@ -142,7 +165,11 @@ async fn fetch_all(cluster: &Cluster, client: &ShuffleClient, a: &Assignment, ar
     Ok((bytes, s, cpu_seconds(server(cluster).pid()) - cpu0))
 }
 
-async fn read_batches(client: &ShuffleClient, a: &Assignment, args: &ShuffleBenchArgs) -> anyhow::Result<u64> {
+async fn read_batches(
+    client: &ShuffleClient,
+    a: &Assignment,
+    args: &ShuffleBenchArgs,
+) -> anyhow::Result<u64> {
     let next = std::sync::atomic::AtomicU32::new(0);
     let worker = || async {
         let mut bytes = 0u64;
@@ -189,7 +216,11 @@ pub async fn fetch(args: ShuffleBenchArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{out}");
     } else {
-        println!("bench fetch: {:.2} GiB committed, {} readers, one server each", args.bytes as f64 / (1u64 << 30) as f64, args.readers);
+        println!(
+            "bench fetch: {:.2} GiB committed, {} readers, one server each",
+            args.bytes as f64 / (1u64 << 30) as f64,
+            args.readers
+        );
         println!("  {:<9} {:>8} {:>14}", "path", "GB/s", "server CPU s/GB");
         for (n, g, cpu) in &rows {
             println!("  {n:<9} {g:>8.2} {cpu:>14.3}");
