@@ -22,4 +22,14 @@ final class DriverMessages {
    * (a new one unless another task already reported it).
    */
   record Replace(int sparkShuffleId, int wireShuffleId, String reason) implements Serializable {}
+
+  /**
+   * A map task could not push to {@code wireShuffleId} (a server of its assignment is lost). The
+   * driver moves an <em>uncommitted</em> generation on, as for {@link Replace}; a committed one is
+   * left alone, since the failing writer is then a zombie (a late speculative copy) whose output
+   * nobody needs. Answered with the current generation: a different one tells the writer that the
+   * map stage must re-run.
+   */
+  record WriteFailed(int sparkShuffleId, int wireShuffleId, String reason)
+      implements Serializable {}
 }

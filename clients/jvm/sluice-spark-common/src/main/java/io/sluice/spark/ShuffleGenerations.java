@@ -49,6 +49,20 @@ final class ShuffleGenerations {
   }
 
   /**
+   * Tells the driver that a map task could not push to {@code g}; returns the current generation
+   * (another one if {@code g} was replaced), or {@code g} itself if the driver cannot be told.
+   */
+  ShuffleGeneration reportWriteFailed(ShuffleGeneration g, String reason) {
+    try {
+      return SluiceDriverEndpoint.ask(driver(), new DriverMessages.WriteFailed(g.sparkShuffleId(),
+          g.wireShuffleId(), reason));
+    } catch (RuntimeException e) {
+      LOG.warn("Could not report the failed push to {} to the driver: {}", g, e.toString());
+      return g;
+    }
+  }
+
+  /**
    * Tells the driver that {@code lost} cannot be read, so the re-run maps write to a new
    * generation. Best effort: if the driver cannot be told, the re-run writers find the old
    * generation committed and ask for a new one themselves.

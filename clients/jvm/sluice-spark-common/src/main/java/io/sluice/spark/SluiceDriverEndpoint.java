@@ -59,7 +59,8 @@ final class SluiceDriverEndpoint implements ThreadSafeRpcEndpoint {
       @Override
       public boolean isDefinedAt(Object message) {
         return message instanceof DriverMessages.Commit
-            || message instanceof DriverMessages.Replace;
+            || message instanceof DriverMessages.Replace
+            || message instanceof DriverMessages.WriteFailed;
       }
 
       @Override
@@ -70,6 +71,8 @@ final class SluiceDriverEndpoint implements ThreadSafeRpcEndpoint {
             context.reply(driver.commit(c.sparkShuffleId(), c.wireShuffleId()));
           } else if (message instanceof DriverMessages.Replace r) {
             context.reply(driver.replace(r.sparkShuffleId(), r.wireShuffleId(), r.reason()));
+          } else if (message instanceof DriverMessages.WriteFailed w) {
+            context.reply(driver.writeFailed(w.sparkShuffleId(), w.wireShuffleId(), w.reason()));
           } else {
             return otherwise.apply(message);
           }

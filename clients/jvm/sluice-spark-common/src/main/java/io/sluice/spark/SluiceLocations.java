@@ -1,7 +1,9 @@
 package io.sluice.spark;
 
+import org.apache.spark.shuffle.FetchFailedException;
 import org.apache.spark.storage.BlockManagerId;
 import org.apache.spark.storage.BlockManagerId$;
+import org.apache.spark.unsafe.Platform;
 import scala.Option;
 
 /**
@@ -25,5 +27,21 @@ final class SluiceLocations {
   static BlockManagerId of(ShuffleGeneration generation) {
     return BlockManagerId$.MODULE$.apply(generation.outputExecutorId(), HOST, PORT,
         Option.empty());
+  }
+
+  /**
+   * Throws a FetchFailedException naming {@code generation}'s synthetic executor, so Spark drops
+   * every map output of that generation and re-runs the map stage (whose tasks then carry the
+   * generation that replaced it). The exception is checked in Java's eyes, hence Platform; declared
+   * to return one only so call sites can read {@code throw fetchFailed(...)}. Must run on the
+   * task's thread: the exception registers itself with the TaskContext, so Spark sees the fetch
+   * failure even if user code swallows it.
+   */
+  static RuntimeException fetchFailed(ShuffleGeneration generation, int reduceId, String message,
+      Throwable cause) {
+    Platform.throwException(new FetchFailedException(of(generation),
+        generation.sparkShuffleId(), -1L, -1, reduceId, "Sluice " + generation + ": " + message,
+        cause));
+    return new IllegalStateException("not reached");
   }
 }

@@ -14,11 +14,9 @@ import org.apache.spark.SparkEnv;
 import org.apache.spark.TaskContext;
 import org.apache.spark.serializer.SerializerInstance;
 import org.apache.spark.serializer.SerializerManager;
-import org.apache.spark.shuffle.FetchFailedException;
 import org.apache.spark.shuffle.ShuffleReadMetricsReporter;
 import org.apache.spark.shuffle.ShuffleReader;
 import org.apache.spark.storage.ShuffleBlockId;
-import org.apache.spark.unsafe.Platform;
 import org.apache.spark.util.TaskCompletionListener;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -107,19 +105,12 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
         : new InterruptibleIterator<>(context, result);
   }
 
-  /**
-   * Throws a FetchFailedException (checked in Java's eyes, so thrown through Platform); declared
-   * to return an exception only so call sites can read {@code throw fetchFailed(...)}. Must run on
-   * the task's thread: the exception registers itself with the TaskContext, so Spark sees the
-   * fetch failure even if user code swallows it.
-   */
+  /** See {@link SluiceLocations#fetchFailed}. */
   private RuntimeException fetchFailed(ShuffleGeneration generation, String message,
       Throwable cause) {
-    Platform.throwException(new FetchFailedException(SluiceLocations.of(generation),
-        handle.shuffleId(), -1L, -1, startPartition, "Sluice " + generation + ", partitions ["
+    return SluiceLocations.fetchFailed(generation, startPartition, "partitions ["
         + startPartition + ", " + endPartition + "), maps [" + startMapIndex + ", " + endMapIndex
-        + "): " + message, cause));
-    return new IllegalStateException("not reached");
+        + "): " + message, cause);
   }
 
   /** Records of every batch of every partition of the range, decoded lazily, batch by batch. */

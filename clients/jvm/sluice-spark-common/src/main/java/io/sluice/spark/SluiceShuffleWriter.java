@@ -2,6 +2,7 @@ package io.sluice.spark;
 
 import io.netty.buffer.Unpooled;
 import io.sluice.client.ShuffleWriterClient;
+import io.sluice.client.SluiceException;
 import io.sluice.client.TransportClientFactory;
 import java.io.IOException;
 import java.io.OutputStream;
@@ -89,12 +90,53 @@ final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
   }
 
   @Override
-  @SuppressWarnings("unchecked")
   public void write(Iterator<Product2<K, V>> records) throws IOException {
     generation = generations.forWriter(handle);
     client = new ShuffleWriterClient(factory, conf.client(), handle.appId(),
         generation.wireShuffleId(), mapIndex(), attemptId(), generation.assignment());
     buffers = RecordBuffers.create(dep.serializer(), numPartitions);
+    try {
+      writeRecords(records);
+    } catch (SluiceException e) {
+      throw onPushFailure(e);
+    }
+  }
+
+  /**
+   * A push failed. If a server of the generation is lost (so no attempt of this map can succeed
+   * in it) and the generation is not committed, the driver moves the shuffle to a new generation
+   * and this task fails with FetchFailed: Spark then drops every output of the old generation and
+   * re-runs the whole map stage, into the new one. Any other failure is the task's own (Spark
+   * retries it as usual).
+   */
+  private RuntimeException onPushFailure(SluiceException e) {
+    if (!serverLost(e)) {
+      return e;
+    }
+    ShuffleGeneration current = generations.reportWriteFailed(generation, e.getMessage());
+    if (current.wireShuffleId() == generation.wireShuffleId()) {
+      return e;
+    }
+    LOG.warn("Map {} attempt {}: {} lost a server ({}); the map stage re-runs into {}",
+        mapIndex(), attemptId(), generation, e.getMessage(), current);
+    return SluiceLocations.fetchFailed(generation, 0, "map " + mapIndex() + " could not push: "
+        + e.getMessage(), e);
+  }
+
+  /** Failures that mean a server of the assignment cannot take this shuffle's data any more. */
+  static boolean serverLost(SluiceException e) {
+    if (e.isConnectionFailure()) {
+      return true;
+    }
+    return switch (e.code()) {
+      case TIMEOUT, STORAGE_FAILED, STORAGE_UNAVAILABLE, SHUTTING_DOWN, UNKNOWN_APP,
+          UNKNOWN_SHUFFLE, DATA_LOST -> true;
+      default -> false;
+    };
+  }
+
+  @SuppressWarnings("unchecked")
+  private void writeRecords(Iterator<Product2<K, V>> records) throws IOException {
 
     Iterator<? extends Product2<K, ?>> it;
     if (dep.mapSideCombine()) {
@@ -156,7 +198,12 @@ final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
       }
       long start = System.nanoTime();
       // Bytes stored per partition, batch headers included: what readers will fetch.
-      long[] pushed = client.finish();
+      long[] pushed;
+      try {
+        pushed = client.finish();
+      } catch (SluiceException e) {
+        throw onPushFailure(e);
+      }
       System.arraycopy(pushed, 0, partitionLengths, 0, numPartitions);
       metrics.incWriteTime(System.nanoTime() - start);
       return Option.apply(shims.mapStatus(SluiceLocations.of(generation), partitionLengths,
