@@ -15,6 +15,7 @@ results are the reference) and once through Sluice; the Sluice run must give the
 Environment knobs:
   SLUICE_BIN          the sluice binary (default: target/release/sluice)
   SLUICE_SPARK_MODES  "builtin,sluice" (default), or "builtin" to check the harness alone
+  SLUICE_SPARK_JAR_DIR  where the shaded plugin jars are (default: each module's target/)
 """
 
 import json
@@ -47,9 +48,12 @@ def spark_version():
 
 
 def plugin_jar():
-    """The shaded plugin jar for this interpreter's Spark."""
+    """The shaded plugin jar for this interpreter's Spark ($SLUICE_SPARK_JAR_DIR overrides the
+    build directory: a copy there is safe from a concurrent rebuild)."""
+    override = os.environ.get("SLUICE_SPARK_JAR_DIR")
     module = "sluice-spark-3.5" if spark_version().startswith("3.") else "sluice-spark-4"
-    jars = sorted((ROOT / "clients/jvm" / module / "target").glob(f"{module}-*-shaded.jar"))
+    where = Path(override) if override else ROOT / "clients/jvm" / module / "target"
+    jars = sorted(where.glob(f"{module}-*-shaded.jar"))
     if not jars:
         pytest.fail(f"no {module} shaded jar: run (cd clients/jvm && mvn -q -B install -DskipTests)")
     return jars[-1]
@@ -157,6 +161,7 @@ class SluiceCluster:
         coord = self._start("coordinator", [binary, "coordinator", "--listen", "127.0.0.1:0",
                                             "--metrics-listen", "127.0.0.1:0", *sets])
         self.coordinator = coord.wait_for(r"listening on (\S+)")
+        self.coordinator_metrics = coord.wait_for(r"metrics on (\S+)")
         self.server_metrics = []
         self.servers = []  # the server Processes
         self.data_dirs = []
@@ -177,9 +182,15 @@ class SluiceCluster:
         self.processes.append(p)
         return p
 
+    def live_servers(self):
+        """The coordinator's count of servers it still assigns partitions to."""
+        return int(scrape(self.coordinator_metrics).get("sluice_coordinator_live_servers", 0))
+
     def data_files(self):
-        """Every partition file on the servers' disks (`<dir>/<app>/<shuffle>/<p>-<n>.data`)."""
-        return sorted(f for d in self.data_dirs for f in d.glob("*/*/*.data"))
+        """Every partition file on the live servers' disks (`<dir>/<app>/<shuffle>/<p>-<n>.data`;
+        a killed server's files stay behind, nobody left to delete them)."""
+        return sorted(f for s, d in zip(self.servers, self.data_dirs) if s.proc.poll() is None
+                      for f in d.glob("*/*/*.data"))
 
     def counters(self):
         """Server counters summed over the live servers (sluice_server_*_total)."""
@@ -428,7 +439,8 @@ REFERENCE = {}
 START_FAILURES = {}
 
 
-@pytest.fixture(scope="session", params=MODES)
+# Module scope: one SparkContext per driver JVM at a time, and test_faults.py starts its own.
+@pytest.fixture(scope="module", params=MODES)
 def app(request, sluice_cluster, spark_cluster):
     mode = request.param
     if mode in START_FAILURES:
