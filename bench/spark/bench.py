@@ -1,0 +1,253 @@
+"""Spark shuffle benchmark: the same jobs on Spark's built-in shuffle and through Sluice.
+
+Starts a Sluice cluster (coordinator + 2 servers) and a Spark standalone cluster (master + two
+1-core workers on 127.0.0.1 and 127.0.0.2, the test suite's fixtures), then alternates
+applications: built-in, Sluice, built-in, Sluice, ... Each measured application is a fresh Python
+process (a fresh driver JVM) that runs the three queries below and reports, from its event log,
+every stage's duration; the orchestrator prints per-stage medians and the Sluice/built-in ratio.
+
+Queries (AQE off, so both modes run the same plan; results go to the `noop` sink):
+  group_by   spark.range(20 M).groupBy(id % 1000).count()
+  repart     10 M rows (id, rand, 64-char string) .repartition(16).sortWithinPartitions(rand)
+  order_by   the same 10 M rows .orderBy(rand)
+
+Before each measured run it waits (bounded) for the 1-minute load average to drop below
+--max-load, so other work on the machine skews less, and records the load it started at.
+
+Usage: bench/spark/run.sh [--runs 3] [--max-load 1.0] [--load-wait 300] [--json out.json]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "spark"))
+
+QUERIES = ("group_by", "repart", "order_by")
+GROUP_BY_ROWS = 20_000_000
+WIDE_ROWS = 10_000_000
+
+
+# ---------------------------------------------------------------------------------------------
+# One measured application (a child process).
+# ---------------------------------------------------------------------------------------------
+
+
+def app_conf(mode, master, coordinator, events_dir):
+    import conftest
+
+    jar = str(conftest.plugin_jar())
+    conf = {
+        "spark.master": master,
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.memory": "2g",
+        "spark.executor.memory": "2g",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "16",
+        "spark.sql.adaptive.enabled": "false",
+        "spark.driver.extraClassPath": jar,
+        "spark.executor.extraClassPath": jar,
+        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.compress": "false",
+        "spark.eventLog.rolling.enabled": "false",
+        "spark.eventLog.dir": Path(events_dir).as_uri(),
+    }
+    if mode == "sluice":
+        conf["spark.shuffle.manager"] = conftest.manager_class()
+        conf["spark.sluice.coordinators"] = coordinator
+        for kv in os.environ.get("SLUICE_BENCH_SLUICE_CONF", "").split():
+            k, _, v = kv.partition("=")
+            conf[k] = v
+    return conf
+
+
+def run_queries(spark):
+    from pyspark.sql import functions as F
+
+    sc = spark.sparkContext
+    wide = (spark.range(0, WIDE_ROWS, 1, 8)
+            .select("id", F.rand(7).alias("r"), F.sha2(F.col("id").cast("string"), 256).alias("s")))
+    jobs = {
+        "group_by": lambda: spark.range(0, GROUP_BY_ROWS, 1, 8)
+        .groupBy((F.col("id") % 1000).alias("k")).count(),
+        "repart": lambda: wide.repartition(16).sortWithinPartitions("r"),
+        "order_by": lambda: wide.orderBy("r"),
+    }
+    walls = {}
+    for name in QUERIES:
+        sc.setJobGroup(name, name)
+        start = time.monotonic()
+        jobs[name]().write.format("noop").mode("overwrite").save()
+        walls[name] = time.monotonic() - start
+    sc.setJobGroup("", "")
+    return walls
+
+
+def stage_figures(events_dir, timeout=60):
+    """{query: [{stage, name, seconds, tasks, shuffle_write, shuffle_read}]}, from the event log."""
+    from conftest import EventLog
+
+    log = EventLog(Path(events_dir))
+    out = {}
+    for q in QUERIES:
+        events = log.job_group(q, timeout)
+        done = sorted((e["Stage Info"] for e in events
+                       if e["Event"] == "SparkListenerStageCompleted"),
+                      key=lambda s: (s["Stage ID"], s["Stage Attempt ID"]))
+        stages = []
+        for s in done:
+            write = read = 0
+            for e in events:
+                if e["Event"] == "SparkListenerTaskEnd" and e["Stage ID"] == s["Stage ID"]:
+                    m = e.get("Task Metrics") or {}
+                    write += m.get("Shuffle Write Metrics", {}).get("Shuffle Bytes Written", 0)
+                    r = m.get("Shuffle Read Metrics", {})
+                    read += r.get("Remote Bytes Read", 0) + r.get("Local Bytes Read", 0)
+            stages.append({"stage": s["Stage ID"], "name": s["Stage Name"],
+                           "seconds": (s["Completion Time"] - s["Submission Time"]) / 1000,
+                           "tasks": s["Number of Tasks"], "shuffle_write": write,
+                           "shuffle_read": read})
+        out[q] = stages
+    return out
+
+
+def child(args):
+    import conftest
+
+    events = Path(tempfile.mkdtemp(prefix=f"sluice-bench-{args.mode}-"))
+    conf = app_conf(args.mode, args.master, args.coordinator, events)
+    spark = conftest.start_app(f"sluice-bench-{args.mode}", conf, events)
+    try:
+        walls = run_queries(spark)
+        stages = stage_figures(events)
+    finally:
+        spark.stop()
+    json.dump({"mode": args.mode, "walls": walls, "stages": stages}, sys.stdout)
+
+
+# ---------------------------------------------------------------------------------------------
+# The orchestrator.
+# ---------------------------------------------------------------------------------------------
+
+
+def load1():
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+def wait_for_quiet(max_load, max_wait):
+    """Waits until the 1-min load average is below max_load or max_wait s passed; returns it."""
+    deadline = time.monotonic() + max_wait
+    while True:
+        load = load1()
+        if load < max_load or time.monotonic() >= deadline:
+            return load
+        time.sleep(5)
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def report(runs, out=sys.stdout):
+    """Per-stage medians, per-query wall medians, ratios."""
+    by_mode = {m: [r for r in runs if r["mode"] == m] for m in ("builtin", "sluice")}
+    p = lambda *a: print(*a, file=out)  # noqa: E731
+    p(f"{'stage':<44}{'built-in s':>11}{'sluice s':>10}{'ratio':>7}{'shuffle MB w/r (b)':>22}")
+    total = {"builtin": 0.0, "sluice": 0.0}
+    for q in QUERIES:
+        n = min(len(r["stages"][q]) for r in runs)
+        for i in range(n):
+            med = {}
+            for m, rs in by_mode.items():
+                med[m] = median([r["stages"][q][i]["seconds"] for r in rs])
+                total[m] += med[m]
+            s = by_mode["builtin"][0]["stages"][q][i]
+            role = "map" if s["shuffle_write"] else "reduce" if s["shuffle_read"] else "sample"
+            label = f"{q}/{i} {role} ({s['tasks']} tasks)"
+            mb = f"{s['shuffle_write'] / 1e6:.1f}/{s['shuffle_read'] / 1e6:.1f}"
+            p(f"{label:<44}{med['builtin']:>11.2f}{med['sluice']:>10.2f}"
+              f"{med['sluice'] / med['builtin']:>7.2f}{mb:>16}")
+    p("")
+    for q in QUERIES:
+        b = median([r["walls"][q] for r in by_mode["builtin"]])
+        s = median([r["walls"][q] for r in by_mode["sluice"]])
+        p(f"{q + ' (wall)':<44}{b:>11.2f}{s:>10.2f}{s / b:>7.2f}")
+    p(f"{'sum of stage medians':<44}{total['builtin']:>11.2f}{total['sluice']:>10.2f}"
+      f"{total['sluice'] / total['builtin']:>7.2f}")
+
+
+def orchestrate(args):
+    import conftest
+
+    work = Path(tempfile.mkdtemp(prefix="sluice-bench-"))
+    binary = Path(os.environ.get("SLUICE_BIN", ROOT / "target/release/sluice"))
+    for d in ("sluice", "spark"):
+        (work / d).mkdir()
+    print(f"logs under {work}", flush=True)
+    sluice = conftest.SluiceCluster(binary, work / "sluice", servers=2)
+    spark = None
+    runs = []
+    try:
+        spark = conftest.SparkStandalone(work / "spark", worker_memory="3g")
+        order = ["builtin", "sluice"] * args.runs
+        for i, mode in enumerate(order):
+            load = wait_for_quiet(args.max_load, args.load_wait)
+            started = time.monotonic()
+            cmd = [sys.executable, __file__, "--child", "--mode", mode, "--master", spark.url,
+                   "--coordinator", sluice.coordinator]
+            log = work / f"run{i + 1}-{mode}.log"
+            with open(log, "w") as err:
+                proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
+                                      timeout=args.run_timeout)
+            if proc.returncode != 0:
+                raise RuntimeError(f"run {i + 1} ({mode}) failed with exit {proc.returncode}: "
+                                   f"see {log}")
+            r = json.loads(proc.stdout.strip().splitlines()[-1])
+            r["load1_before"] = load
+            r["load1_after"] = load1()
+            runs.append(r)
+            walls = " ".join(f"{q}={r['walls'][q]:.1f}s" for q in QUERIES)
+            print(f"run {i + 1}/{len(order)} {mode:<8} load {load:.2f} -> "
+                  f"{r['load1_after']:.2f}  {walls}  ({time.monotonic() - started:.0f} s)",
+                  flush=True)
+    finally:
+        if spark:
+            spark.stop()
+        sluice.stop()
+    print()
+    report(runs)
+    if args.json:
+        Path(args.json).write_text(json.dumps(runs, indent=1))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3, help="runs per mode (alternating)")
+    ap.add_argument("--max-load", type=float, default=1.0, help="1-min load to wait for")
+    ap.add_argument("--load-wait", type=float, default=300, help="longest wait for it, s")
+    ap.add_argument("--run-timeout", type=float, default=900, help="one application, s")
+    ap.add_argument("--json", help="write every run's figures here")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", help=argparse.SUPPRESS)
+    ap.add_argument("--master", help=argparse.SUPPRESS)
+    ap.add_argument("--coordinator", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+    else:
+        orchestrate(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Spark shuffle benchmark, built-in vs Sluice, on Spark 4.3 (see bench/spark/bench.py).
+# Usage: bench/spark/run.sh [--runs 3] [--max-load 1.0] [--load-wait 300] [--json out.json]
+#   SLUICE_SPARK_SKIP_BUILD=1 reuses the existing sluice binary and plugin jars.
+#   SLUICE_BENCH_SLUICE_CONF="spark.sluice.k=v ..." adds plugin settings to the Sluice runs.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+
+tests/spark/setup.sh spark4
+if [[ "${SLUICE_SPARK_SKIP_BUILD:-0}" != 1 ]]; then
+  cargo build --release -p sluice
+  (cd clients/jvm && mvn -q -B install -DskipTests)
+fi
+export SPARK_LOCAL_IP=127.0.0.1
+exec .venv/spark4/bin/python bench/spark/bench.py "$@"
