@@ -168,30 +168,16 @@ impl Cluster {
                 num_partitions: (self.servers.len() * 4) as u32,
                 replication: 1,
             };
-            if let Ok(sluice_proto::Message::Assignment(a)) =
-                client.coordinator_request(reg.into()).await
-            {
+            let reply = client.coordinator_request(reg.into()).await;
+            if let Ok(sluice_proto::Message::Assignment(a)) = &reply {
+                let forget = sluice_proto::message::UnregisterShuffle {
+                    app_id: client.app_id().to_owned(),
+                    shuffle_id: probe_id,
+                };
+                let _ = client.coordinator_request(forget.into()).await;
                 if a.servers.len() == self.servers.len() {
-                    let _ = client
-                        .coordinator_request(
-                            sluice_proto::message::UnregisterShuffle {
-                                app_id: client.app_id().to_owned(),
-                                shuffle_id: probe_id,
-                            }
-                            .into(),
-                        )
-                        .await;
                     return Ok(());
                 }
-                let _ = client
-                    .coordinator_request(
-                        sluice_proto::message::UnregisterShuffle {
-                            app_id: client.app_id().to_owned(),
-                            shuffle_id: probe_id,
-                        }
-                        .into(),
-                    )
-                    .await;
             }
             if tokio::time::Instant::now() > deadline {
                 bail!("servers did not all register with the coordinator within 20 s");
