@@ -412,8 +412,18 @@ def start_app(name, conf, events_dir):
     """A SparkSession with `conf` (plus the event log into `events_dir`), up with 2 executors."""
     from pyspark.sql import SparkSession
 
+    from pyspark import SparkContext
+
     events_dir.mkdir(parents=True, exist_ok=True)
     conf = dict(conf, **{"spark.eventLog.dir": events_dir.as_uri()})
+    # pyspark starts one driver JVM per Python process, with the first application's settings as
+    # Java system properties, and every later SparkConf loads those as defaults: a built-in
+    # application after a Sluice one would inherit Sluice's manager. Drop them.
+    if SparkContext._jvm is not None:
+        system = SparkContext._jvm.System
+        for key in list(system.getProperties().stringPropertyNames()):
+            if key.startswith("spark.sluice.") or key == "spark.shuffle.manager":
+                system.clearProperty(key)
     builder = SparkSession.builder.appName(name)
     for k, v in conf.items():
         builder = builder.config(k, v)

@@ -5,11 +5,9 @@ import io.sluice.client.ShuffleAssignment;
 import io.sluice.client.TransportClientFactory;
 import io.sluice.protocol.Message;
 import io.sluice.protocol.UnregisterApp;
-import java.lang.ref.WeakReference;
 import java.security.SecureRandom;
 import java.util.ArrayList;
 import java.util.List;
-import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
@@ -41,7 +39,7 @@ final class SluiceDriver implements AutoCloseable {
   private final CoordinatorClient coordinator;
   private final ScheduledExecutorService heartbeats;
   private final AtomicInteger nextWireShuffleId = new AtomicInteger();
-  private final Map<Integer, ShuffleState> shuffles = new ConcurrentHashMap<>();
+  private final ShuffleGenerationTable table;
   private final TransportClientFactory factory;
   /**
    * Every server any generation was assigned to. Servers know an application only from what it
@@ -50,50 +48,29 @@ final class SluiceDriver implements AutoCloseable {
    */
   private final Set<ShuffleAssignment.Server> servers = ConcurrentHashMap.newKeySet();
 
-  /** A Spark shuffle's generations, and its handle to publish changes through. */
-  private static final class ShuffleState {
-    /**
-     * Weak: the handle references its ShuffleDependency, and Spark's ContextCleaner unregisters a
-     * shuffle only once nothing else references the dependency. Once the handle is gone no stage
-     * can be submitted for the shuffle any more, so there is nobody left to publish to.
-     */
-    final WeakReference<SluiceShuffleHandle<?, ?, ?>> handle;
-    final int numMaps;
-    final int numPartitions;
-    /** Oldest first; the last is the current one. Guarded by this. */
-    final List<ShuffleGeneration> generations = new ArrayList<>();
-
-    ShuffleState(SluiceShuffleHandle<?, ?, ?> handle, int numPartitions) {
-      this.handle = new WeakReference<>(handle);
-      this.numMaps = handle.numMaps();
-      this.numPartitions = numPartitions;
-      generations.add(handle.generation());
-    }
-
-    ShuffleGeneration current() {
-      return generations.get(generations.size() - 1);
-    }
-
-    /** Records {@code g} as the current generation (replacing it when {@code replaceLast}). */
-    void publish(ShuffleGeneration g, boolean replaceLast) {
-      if (replaceLast) {
-        generations.set(generations.size() - 1, g);
-      } else {
-        generations.add(g);
-      }
-      SluiceShuffleHandle<?, ?, ?> h = handle.get();
-      if (h != null) {
-        h.setGeneration(g);
-      }
-    }
-  }
-
   /** Registers the application; {@code factory} must have been made for {@code appId}. */
   SluiceDriver(SluiceSparkConf conf, String appId, TransportClientFactory factory) {
     this.conf = conf;
     this.appId = appId;
     this.factory = factory;
     this.coordinator = new CoordinatorClient(factory);
+    this.table = new ShuffleGenerationTable(new ShuffleGenerationTable.Backend() {
+      @Override
+      public ShuffleGeneration register(int sparkShuffleId, int generation, int numMaps,
+          int numPartitions) {
+        return newGeneration(sparkShuffleId, generation, numMaps, numPartitions);
+      }
+
+      @Override
+      public void commit(ShuffleGeneration g) {
+        commitOnServers(g);
+      }
+
+      @Override
+      public void unregister(ShuffleGeneration g) {
+        unregisterGeneration(g);
+      }
+    });
     coordinator.registerApp(appId);
     this.heartbeats = Executors.newSingleThreadScheduledExecutor(r -> {
       Thread t = new Thread(r, "sluice-app-heartbeat");
@@ -133,14 +110,35 @@ final class SluiceDriver implements AutoCloseable {
 
   /** Registers generation 0 of a Spark shuffle with the coordinator and the servers. */
   ShuffleGeneration registerShuffle(int sparkShuffleId, int numMaps, int numPartitions) {
-    return newGeneration(sparkShuffleId, 0, numMaps, numPartitions);
+    return table.register(sparkShuffleId, numMaps, numPartitions);
   }
 
   /** Starts tracking the handle that carries the shuffle's generation to tasks. */
   void track(SluiceShuffleHandle<?, ?, ?> handle, int numPartitions) {
-    shuffles.put(handle.shuffleId(), new ShuffleState(handle, numPartitions));
+    table.track(handle, numPartitions);
   }
 
+  /** Handles {@link DriverMessages.Commit}. */
+  ShuffleGeneration commit(int sparkShuffleId, int wireShuffleId) {
+    return table.commit(sparkShuffleId, wireShuffleId);
+  }
+
+  /** Handles {@link DriverMessages.Replace}. */
+  ShuffleGeneration replace(int sparkShuffleId, int wireShuffleId, String reason) {
+    return table.replace(sparkShuffleId, wireShuffleId, reason);
+  }
+
+  /** Handles {@link DriverMessages.WriteFailed}. */
+  ShuffleGeneration writeFailed(int sparkShuffleId, int wireShuffleId, String reason) {
+    return table.writeFailed(sparkShuffleId, wireShuffleId, reason);
+  }
+
+  /** Deletes every generation of a Spark shuffle (see {@link ShuffleGenerationTable}). */
+  boolean unregisterShuffle(int sparkShuffleId) {
+    return table.unregister(sparkShuffleId);
+  }
+
+  /** {@link ShuffleGenerationTable.Backend}: a new Sluice shuffle on the coordinator and servers. */
   private ShuffleGeneration newGeneration(int sparkShuffleId, int generation, int numMaps,
       int numPartitions) {
     int wireId = nextWireShuffleId.getAndIncrement();
@@ -154,85 +152,25 @@ final class SluiceDriver implements AutoCloseable {
     return g;
   }
 
-  /** Handles {@link DriverMessages.Commit}. */
-  ShuffleGeneration commit(int sparkShuffleId, int wireShuffleId) {
-    ShuffleState state = state(sparkShuffleId);
-    synchronized (state) {
-      ShuffleGeneration current = state.current();
-      if (current.wireShuffleId() != wireShuffleId || current.committed()) {
-        return current;
-      }
-      long start = System.nanoTime();
-      long[] sizes = coordinator.commitShuffle(appId, current.assignment());
-      long total = 0;
-      for (long s : sizes) {
-        total += s;
-      }
-      ShuffleGeneration committed = current.asCommitted();
-      state.publish(committed, true);
-      LOG.info("Committed {}: {} bytes in {} ms", committed, total,
-          (System.nanoTime() - start) / 1_000_000);
-      return committed;
+  /** {@link ShuffleGenerationTable.Backend}: commits on the servers. */
+  private void commitOnServers(ShuffleGeneration g) {
+    long start = System.nanoTime();
+    long[] sizes = coordinator.commitShuffle(appId, g.assignment());
+    long total = 0;
+    for (long s : sizes) {
+      total += s;
     }
+    LOG.info("Committed {}: {} bytes in {} ms", g, total, (System.nanoTime() - start) / 1_000_000);
   }
 
-  /** Handles {@link DriverMessages.Replace}. */
-  ShuffleGeneration replace(int sparkShuffleId, int wireShuffleId, String reason) {
-    ShuffleState state = state(sparkShuffleId);
-    synchronized (state) {
-      ShuffleGeneration current = state.current();
-      if (current.wireShuffleId() != wireShuffleId) {
-        return current; // another task reported it first
-      }
-      LOG.warn("Replacing {}: {}", current, reason);
-      ShuffleGeneration next = newGeneration(sparkShuffleId, current.generation() + 1,
-          state.numMaps, state.numPartitions);
-      state.publish(next, false);
-      return next;
+  /** {@link ShuffleGenerationTable.Backend}: deletes a generation's data, best effort. */
+  private void unregisterGeneration(ShuffleGeneration g) {
+    try {
+      coordinator.unregisterShuffle(appId, g.assignment());
+    } catch (RuntimeException e) {
+      LOG.warn("Could not unregister {} (the application's end deletes it): {}", g,
+          e.toString());
     }
-  }
-
-  /** Handles {@link DriverMessages.WriteFailed}. */
-  ShuffleGeneration writeFailed(int sparkShuffleId, int wireShuffleId, String reason) {
-    ShuffleState state = state(sparkShuffleId);
-    synchronized (state) {
-      ShuffleGeneration current = state.current();
-      if (current.wireShuffleId() != wireShuffleId || current.committed()) {
-        return current;
-      }
-      return replace(sparkShuffleId, wireShuffleId, "a map task could not push: " + reason);
-    }
-  }
-
-  private ShuffleState state(int sparkShuffleId) {
-    ShuffleState s = shuffles.get(sparkShuffleId);
-    if (s == null) {
-      throw new IllegalStateException("shuffle " + sparkShuffleId + " is not registered");
-    }
-    return s;
-  }
-
-  /**
-   * Deletes every generation of a Spark shuffle. Replaced generations are kept until here rather
-   * than deleted on replacement: a zombie task may still read them, and Spark ignores its failure
-   * anyway.
-   */
-  boolean unregisterShuffle(int sparkShuffleId) {
-    ShuffleState state = shuffles.remove(sparkShuffleId);
-    if (state == null) {
-      return false;
-    }
-    synchronized (state) {
-      for (ShuffleGeneration g : state.generations) {
-        try {
-          coordinator.unregisterShuffle(appId, g.assignment());
-        } catch (RuntimeException e) {
-          LOG.warn("Could not unregister {} (the application's end deletes it): {}", g,
-              e.toString());
-        }
-      }
-    }
-    return true;
   }
 
   /**

@@ -14,9 +14,12 @@ import org.apache.spark.SparkEnv;
 import org.apache.spark.TaskContext;
 import org.apache.spark.serializer.SerializerInstance;
 import org.apache.spark.serializer.SerializerManager;
+import org.apache.spark.shuffle.FetchFailedException;
 import org.apache.spark.shuffle.ShuffleReadMetricsReporter;
 import org.apache.spark.shuffle.ShuffleReader;
+import org.apache.spark.storage.BlockManagerId;
 import org.apache.spark.storage.ShuffleBlockId;
+import org.apache.spark.unsafe.Platform;
 import org.apache.spark.util.TaskCompletionListener;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -74,6 +77,7 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
   @Override
   @SuppressWarnings({"unchecked", "rawtypes"})
   public Iterator<Product2<K, C>> read() {
+    checkOutputsAreIn(handle.generation());
     ShuffleGeneration generation;
     try {
       generation = generations.forReader(handle);
@@ -103,6 +107,33 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
     }
     return result instanceof InterruptibleIterator ? result
         : new InterruptibleIterator<>(context, result);
+  }
+
+  /**
+   * Checks that Spark's map outputs for this read are the ones of {@code g}, the generation the
+   * task's handle names, before anything is committed or read. They can differ when a generation
+   * was replaced (say, a reader reported its data lost) while Spark kept the old outputs: reading,
+   * let alone committing, the new generation would then return no records of maps that never ran
+   * in it. Such a task fails with FetchFailed naming the outputs' generation, so Spark drops them
+   * and re-runs the maps into the current one. (Also the fetch of the map statuses that Spark's
+   * own reader does: a missing output throws Spark's MetadataFetchFailedException.)
+   */
+  @SuppressWarnings({"unchecked", "rawtypes"})
+  private void checkOutputsAreIn(ShuffleGeneration g) {
+    Iterator<Tuple2<BlockManagerId, ?>> locations = (Iterator) SparkEnv.get().mapOutputTracker()
+        .getMapSizesByExecutorId(handle.shuffleId(), startMapIndex, endMapIndex, startPartition,
+            endPartition);
+    String expected = g.outputExecutorId();
+    while (locations.hasNext()) {
+      BlockManagerId at = locations.next()._1();
+      if (!expected.equals(at.executorId())) {
+        LOG.warn("Spark's map outputs of shuffle {} are under {}, but the task reads {}",
+            handle.shuffleId(), at.executorId(), g);
+        Platform.throwException(new FetchFailedException(at, handle.shuffleId(), -1L, -1,
+            startPartition, "Sluice shuffle " + handle.shuffleId() + ": map outputs under "
+            + at.executorId() + " but the current data is " + g, null));
+      }
+    }
   }
 
   /** See {@link SluiceLocations#fetchFailed}. */
@@ -144,6 +175,11 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
         return true;
       } catch (SluiceException e) {
         close();
+        if (context.isInterrupted()) {
+          // Killed (a losing speculative copy, a cancelled job): its read failing says nothing
+          // about the data, so no report and no FetchFailed; Spark records TaskKilled.
+          throw e;
+        }
         generations.reportLost(generation, e.toString());
         throw fetchFailed(generation, e.getMessage(), e);
       }

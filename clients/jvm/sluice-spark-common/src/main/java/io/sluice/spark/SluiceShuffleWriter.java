@@ -110,8 +110,8 @@ final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
    * retries it as usual).
    */
   private RuntimeException onPushFailure(SluiceException e) {
-    if (!serverLost(e)) {
-      return e;
+    if (context.isInterrupted() || !serverLost(e)) {
+      return e; // a killed task's failure says nothing about the servers
     }
     ShuffleGeneration current = generations.reportWriteFailed(generation, e.getMessage());
     if (current.wireShuffleId() == generation.wireShuffleId()) {
