@@ -246,8 +246,9 @@ impl ShuffleClient {
                 return Err(ClientError::UnexpectedReply("CommitShuffle wants CommitResult"));
             };
             for p in c.partitions {
+                // A replicated partition is reported by its primary and its replica.
                 if let Some(s) = sizes.get_mut(p.partition as usize) {
-                    *s += p.bytes;
+                    *s = (*s).max(p.bytes);
                 }
             }
         }

@@ -11,6 +11,7 @@ use sluice_proto::message::*;
 use sluice_proto::ErrorCode;
 use sluice_transport::Body;
 
+use crate::writer::servers_of;
 use crate::{backoff, expect_ok, server_addrs, ClientError, ShuffleClient};
 
 type ChunkFuture = BoxFuture<'static, Result<Bytes, ClientError>>;
@@ -18,6 +19,10 @@ type ChunkFuture = BoxFuture<'static, Result<Bytes, ClientError>>;
 /// Reads one partition's batches for maps `[map_start, map_end)`.
 pub struct PartitionReader {
     client: ShuffleClient,
+    /// Servers holding the partition (primary, then replica) and the one read now.
+    candidates: Vec<SocketAddr>,
+    current: usize,
+    open_msg: OpenStream,
     addr: SocketAddr,
     stream_id: u64,
     map_start: u32,
@@ -58,28 +63,32 @@ impl PartitionReader {
             code: ErrorCode::InvalidRequest,
             message: format!("partition {partition} not in the assignment"),
         })?;
-        let addr = server_addrs(a).await?[loc.primary as usize];
-        let open = OpenStream {
+        let addrs = server_addrs(a).await?;
+        let candidates: Vec<SocketAddr> = servers_of(loc).map(|i| addrs[i]).collect();
+        let open_msg = OpenStream {
             app_id: client.inner.app_id.clone(),
             shuffle_id: a.shuffle_id,
             partition_id: partition,
             map_start,
             map_end,
         };
-        let mut tries = 0;
+        let mut current = 0;
         let handle = loop {
-            match client.request(addr, open.clone().into()).await {
-                Ok(Message::StreamHandle(h)) => break h,
-                Ok(_) => return Err(ClientError::UnexpectedReply("OpenStream wants StreamHandle")),
-                Err(e) if e.is_retriable() && tries < client.inner.opts.error_max_retries => {
-                    tokio::time::sleep(backoff(client.inner.opts.retry_backoff_ms, tries)).await;
-                    tries += 1;
+            match open_on(&client, candidates[current], &open_msg).await {
+                Ok(h) => break h,
+                Err(e) if current + 1 < candidates.len() => {
+                    tracing::warn!(server = %candidates[current], error = %e, "opening on the replica");
+                    current += 1;
                 }
                 Err(e) => return Err(e),
             }
         };
+        let addr = candidates[current];
         let mut r = PartitionReader {
             client,
+            candidates,
+            current,
+            open_msg,
             addr,
             stream_id: handle.stream_id,
             map_start,
@@ -136,16 +145,30 @@ impl PartitionReader {
             let Some(fut) = self.inflight.pop_front() else {
                 return self.finish().await.map(|_| None);
             };
-            let chunk = fut.await?;
-            self.fill();
-            let batches = split_batches(&chunk).map_err(|e| ClientError::Corrupt(e.to_string()))?;
-            for (h, payload) in batches {
-                if crc32c::crc32c(&payload) != h.crc32c {
-                    return Err(ClientError::Corrupt(format!(
-                        "batch {} of map {} attempt {}: CRC32C mismatch",
-                        h.batch_id, h.map_id, h.attempt_id
-                    )));
+            let chunk = match fut.await {
+                Ok(c) => c,
+                Err(e) => {
+                    self.fail_over(e).await?;
+                    continue;
                 }
+            };
+            self.fill();
+            let batches = match split_batches(&chunk) {
+                Ok(b) => b,
+                Err(e) => {
+                    self.fail_over(ClientError::Corrupt(e.to_string())).await?;
+                    continue;
+                }
+            };
+            if let Some((h, _)) = batches.iter().find(|(h, p)| crc32c::crc32c(p) != h.crc32c) {
+                let e = ClientError::Corrupt(format!(
+                    "batch {} of map {} attempt {}: CRC32C mismatch",
+                    h.batch_id, h.map_id, h.attempt_id
+                ));
+                self.fail_over(e).await?;
+                continue;
+            }
+            for (h, payload) in batches {
                 let keep = (self.map_start..self.map_end).contains(&h.map_id)
                     && self.committed.get(&h.map_id).is_some_and(|(a, _)| *a == h.attempt_id)
                     && self.seen.insert((h.map_id, h.batch_id));
@@ -158,6 +181,26 @@ impl PartitionReader {
                 }
             }
         }
+    }
+
+    /// After a failure on the current server: re-open the stream on the next server holding
+    /// the partition, or give up with `err` when none is left. Batches already delivered are
+    /// recognised by their ids and skipped; the committed attempts stay those first read.
+    async fn fail_over(&mut self, err: ClientError) -> Result<(), ClientError> {
+        if self.current + 1 >= self.candidates.len() {
+            return Err(err);
+        }
+        self.current += 1;
+        let next = self.candidates[self.current];
+        tracing::warn!(from = %self.addr, to = %next, error = %err, "reading from the replica");
+        let handle = open_on(&self.client, next, &self.open_msg).await?;
+        self.addr = next;
+        self.stream_id = handle.stream_id;
+        self.chunk_count = handle.chunk_lengths.len() as u32;
+        self.next_chunk = 0;
+        self.inflight.clear();
+        self.fill();
+        Ok(())
     }
 
     async fn finish(&mut self) -> Result<(), ClientError> {
@@ -194,6 +237,26 @@ impl Drop for PartitionReader {
                     let _ = client.request(addr, CloseStream { stream_id }.into()).await;
                 });
             }
+        }
+    }
+}
+
+/// Opens a stream on one server, retrying retriable failures (e.g. not committed yet).
+async fn open_on(
+    client: &ShuffleClient,
+    addr: SocketAddr,
+    open: &OpenStream,
+) -> Result<StreamHandle, ClientError> {
+    let mut tries = 0;
+    loop {
+        match client.request(addr, open.clone().into()).await {
+            Ok(Message::StreamHandle(h)) => return Ok(h),
+            Ok(_) => return Err(ClientError::UnexpectedReply("OpenStream wants StreamHandle")),
+            Err(e) if e.is_retriable() && tries < client.inner.opts.error_max_retries => {
+                tokio::time::sleep(backoff(client.inner.opts.retry_backoff_ms, tries)).await;
+                tries += 1;
+            }
+            Err(e) => return Err(e),
         }
     }
 }

@@ -109,24 +109,28 @@ impl ShuffleWriter {
         batch[..BATCH_HEADER_LEN].copy_from_slice(&header.to_bytes());
         self.next_batch[p] += 1;
         self.bytes[p] += batch.len() as u64;
-        let server = self.assignment.partitions[p].primary as usize;
-        if batch.len() >= MERGE_BELOW_BYTES {
-            let msg = Push {
-                app_id: self.client.inner.app_id.clone(),
-                shuffle_id: self.assignment.shuffle_id,
+        let batch = batch.freeze();
+        // The primary, then the replica when the shuffle is replicated: both hold every batch.
+        for server in servers_of(&self.assignment.partitions[p]) {
+            if batch.len() >= MERGE_BELOW_BYTES {
+                let msg = Push {
+                    app_id: self.client.inner.app_id.clone(),
+                    shuffle_id: self.assignment.shuffle_id,
+                    partition_id: p as u32,
+                };
+                self.send(server, msg.into(), batch.clone()).await?;
+                continue;
+            }
+            let m = &mut self.merged[server];
+            m.sections.push(Section {
                 partition_id: p as u32,
-            };
-            return self.send(server, msg.into(), batch.freeze()).await;
-        }
-        let m = &mut self.merged[server];
-        m.sections.push(Section {
-            partition_id: p as u32,
-            offset: m.body.len() as u32,
-            length: batch.len() as u32,
-        });
-        m.body.extend_from_slice(&batch);
-        if m.body.len() >= self.client.inner.opts.push_frame_bytes {
-            self.send_merged(server).await?;
+                offset: m.body.len() as u32,
+                length: batch.len() as u32,
+            });
+            m.body.extend_from_slice(&batch);
+            if m.body.len() >= self.client.inner.opts.push_frame_bytes {
+                self.send_merged(server).await?;
+            }
         }
         Ok(())
     }
@@ -181,8 +185,10 @@ impl ShuffleWriter {
         let mut per_server: Vec<Vec<BatchCount>> = vec![Vec::new(); self.addrs.len()];
         for (p, loc) in self.assignment.partitions.iter().enumerate() {
             if self.next_batch[p] > 0 {
-                per_server[loc.primary as usize]
-                    .push(BatchCount { partition_id: p as u32, batches: self.next_batch[p] });
+                for server in servers_of(loc) {
+                    per_server[server]
+                        .push(BatchCount { partition_id: p as u32, batches: self.next_batch[p] });
+                }
             }
         }
         let ends = per_server.into_iter().zip(&self.addrs).map(|(batch_counts, addr)| {
@@ -245,4 +251,10 @@ async fn push_with_retries(
         };
         tokio::time::sleep(wait).await;
     }
+}
+
+/// Indexes of the servers that hold a partition: its primary, then its replica if any.
+pub(crate) fn servers_of(loc: &PartitionLoc) -> impl Iterator<Item = usize> {
+    let replica = (loc.replica != NO_REPLICA).then_some(loc.replica as usize);
+    std::iter::once(loc.primary as usize).chain(replica)
 }

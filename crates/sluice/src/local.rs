@@ -31,6 +31,9 @@ pub struct LocalArgs {
     /// Bytes per record (16 to 65536).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(16..=65536))]
     pub record_bytes: u32,
+    /// Copies of each partition: 1, or 2 (primary + replica on another server).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub replication: u8,
     /// Memory budget of each server (suffixes allowed).
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     pub memory_budget: u64,
@@ -89,7 +92,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
     // Resident memory of the servers before any data: the idle footprint.
     let idle_rss = cluster.servers.iter().map(|s| s.rss_bytes()).max().unwrap_or(0);
     client.register_app().await?;
-    let a = client.register_shuffle(0, args.maps, args.partitions, 1).await?;
+    let a = client.register_shuffle(0, args.maps, args.partitions, args.replication).await?;
 
     // Map stage.
     let expect = Tally::new(args.partitions);
@@ -167,6 +170,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
         "servers": args.servers,
         "maps": args.maps,
         "partitions": args.partitions,
+        "replication": args.replication,
         "mismatched_partitions": bad,
     });
     if args.json {
@@ -188,9 +192,10 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
             summary["fetch_gbps"].as_f64().unwrap_or(0.0)
         );
         println!(
-            "  server peak resident {:.1} MiB (memory budget {:.1} MiB)",
+            "  server peak resident {:.1} MiB (memory budget {:.1} MiB; idle {:.1} MiB)",
             mib(peak_rss),
-            mib(args.memory_budget)
+            mib(args.memory_budget),
+            mib(idle_rss)
         );
         println!(
             "  verified: {verified}{}",
