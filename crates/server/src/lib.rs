@@ -177,7 +177,10 @@ async fn heartbeat_loop(
     local: SocketAddr,
 ) {
     let (server_id, host, port) = identity(&state, local);
-    let pool = Pool::new(ClientConfig { connections_per_peer: 1, ..ClientConfig::default() });
+    // Coordinators with authentication on take the same shared secret as the servers.
+    let secret = state.config.transport.secret.clone().unwrap_or_default();
+    let pool =
+        Pool::new(ClientConfig { connections_per_peer: 1, secret, ..ClientConfig::default() });
     let mut registered = false;
     let mut last_pushed = 0u64;
     let interval = Duration::from_millis(state.config.heartbeat_interval_ms);

@@ -11,7 +11,7 @@ pub const IOV_MAX: usize = 1024;
 
 /// Settings of the accepting side ([`crate::serve`]).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
     /// Connections open at once; the accept loop waits for a free slot beyond this.
     pub max_connections: usize,
@@ -102,7 +102,7 @@ impl ServerConfig {
 
 /// Settings of the connecting side ([`crate::Connection`], [`crate::Pool`]).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct ClientConfig {
     /// Time (ms) to open the TCP connection and complete the handshake.
     pub connect_timeout_ms: u64,
