@@ -106,17 +106,21 @@ def stage_figures(events_dir, timeout=60):
                       key=lambda s: (s["Stage ID"], s["Stage Attempt ID"]))
         stages = []
         for s in done:
-            write = read = 0
+            write = read = cpu_ns = write_ns = 0
             for e in events:
                 if e["Event"] == "SparkListenerTaskEnd" and e["Stage ID"] == s["Stage ID"]:
                     m = e.get("Task Metrics") or {}
-                    write += m.get("Shuffle Write Metrics", {}).get("Shuffle Bytes Written", 0)
+                    w = m.get("Shuffle Write Metrics", {})
+                    write += w.get("Shuffle Bytes Written", 0)
+                    write_ns += w.get("Shuffle Write Time", 0)
+                    cpu_ns += m.get("Executor CPU Time", 0)
                     r = m.get("Shuffle Read Metrics", {})
                     read += r.get("Remote Bytes Read", 0) + r.get("Local Bytes Read", 0)
             stages.append({"stage": s["Stage ID"], "name": s["Stage Name"],
                            "seconds": (s["Completion Time"] - s["Submission Time"]) / 1000,
                            "tasks": s["Number of Tasks"], "shuffle_write": write,
-                           "shuffle_read": read})
+                           "shuffle_read": read, "executor_cpu_s": cpu_ns / 1e9,
+                           "write_time_s": write_ns / 1e9})
         out[q] = stages
     return out
 
@@ -155,6 +159,19 @@ def wait_for_quiet(max_load, max_wait):
         time.sleep(5)
 
 
+def cpu_seconds(pids):
+    """User + system CPU seconds of processes (from /proc), 0 for a gone one."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
@@ -163,7 +180,8 @@ def report(runs, out=sys.stdout):
     """Per-stage medians, per-query wall medians, ratios."""
     by_mode = {m: [r for r in runs if r["mode"] == m] for m in ("builtin", "sluice")}
     p = lambda *a: print(*a, file=out)  # noqa: E731
-    p(f"{'stage':<44}{'built-in s':>11}{'sluice s':>10}{'ratio':>7}{'shuffle MB w/r (b)':>22}")
+    p(f"{'stage':<40}{'built-in s':>11}{'sluice s':>10}{'ratio':>7}{'shuffle MB w/r':>16}"
+      f"{'exec CPU s':>12}{'write s':>10}")
     total = {"builtin": 0.0, "sluice": 0.0}
     for q in QUERIES:
         n = min(len(r["stages"][q]) for r in runs)
@@ -176,14 +194,20 @@ def report(runs, out=sys.stdout):
             role = "map" if s["shuffle_write"] else "reduce" if s["shuffle_read"] else "sample"
             label = f"{q}/{i} {role} ({s['tasks']} tasks)"
             mb = f"{s['shuffle_write'] / 1e6:.1f}/{s['shuffle_read'] / 1e6:.1f}"
-            p(f"{label:<44}{med['builtin']:>11.2f}{med['sluice']:>10.2f}"
-              f"{med['sluice'] / med['builtin']:>7.2f}{mb:>16}")
+            cpu = "/".join(f"{median([r['stages'][q][i]['executor_cpu_s'] for r in rs]):.1f}"
+                           for rs in by_mode.values())
+            wt = "/".join(f"{median([r['stages'][q][i]['write_time_s'] for r in rs]):.1f}"
+                          for rs in by_mode.values())
+            p(f"{label:<40}{med['builtin']:>11.2f}{med['sluice']:>10.2f}"
+              f"{med['sluice'] / med['builtin']:>7.2f}{mb:>16}{cpu:>12}{wt:>10}")
     p("")
     for q in QUERIES:
         b = median([r["walls"][q] for r in by_mode["builtin"]])
         s = median([r["walls"][q] for r in by_mode["sluice"]])
-        p(f"{q + ' (wall)':<44}{b:>11.2f}{s:>10.2f}{s / b:>7.2f}")
-    p(f"{'sum of stage medians':<44}{total['builtin']:>11.2f}{total['sluice']:>10.2f}"
+        p(f"{q + ' (wall)':<40}{b:>11.2f}{s:>10.2f}{s / b:>7.2f}")
+    p("exec CPU s, write s: executor CPU time and Spark's shuffle write time summed over the "
+      "stage's tasks, built-in/sluice")
+    p(f"{'sum of stage medians':<40}{total['builtin']:>11.2f}{total['sluice']:>10.2f}"
       f"{total['sluice'] / total['builtin']:>7.2f}")
 
 
@@ -204,6 +228,8 @@ def orchestrate(args):
         for i, mode in enumerate(order):
             load = wait_for_quiet(args.max_load, args.load_wait)
             started = time.monotonic()
+            server_pids = [p.proc.pid for p in sluice.servers]
+            server_cpu = cpu_seconds(server_pids)
             cmd = [sys.executable, __file__, "--child", "--mode", mode, "--master", spark.url,
                    "--coordinator", sluice.coordinator]
             log = work / f"run{i + 1}-{mode}.log"
@@ -216,10 +242,12 @@ def orchestrate(args):
             r = json.loads(proc.stdout.strip().splitlines()[-1])
             r["load1_before"] = load
             r["load1_after"] = load1()
+            r["sluice_server_cpu_s"] = cpu_seconds(server_pids) - server_cpu
             runs.append(r)
             walls = " ".join(f"{q}={r['walls'][q]:.1f}s" for q in QUERIES)
             print(f"run {i + 1}/{len(order)} {mode:<8} load {load:.2f} -> "
-                  f"{r['load1_after']:.2f}  {walls}  ({time.monotonic() - started:.0f} s)",
+                  f"{r['load1_after']:.2f}  {walls}  sluice servers' CPU "
+                  f"{r['sluice_server_cpu_s']:.1f} s  ({time.monotonic() - started:.0f} s)",
                   flush=True)
     finally:
         if spark:
