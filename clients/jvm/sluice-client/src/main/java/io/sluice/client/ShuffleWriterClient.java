@@ -25,6 +25,7 @@ import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.Condition;
 import java.util.concurrent.locks.ReentrantLock;
+import java.util.function.BooleanSupplier;
 
 /**
  * Pushes one map attempt's output. Each {@link #addBatch} call is one batch (the caller has made
@@ -198,28 +199,25 @@ public final class ShuffleWriterClient implements AutoCloseable {
 
   /** Blocks until {@code bytes} more may be in flight, sending due retries meanwhile. */
   private void reserve(long bytes) {
-    long start = System.nanoTime();
-    lock.lock();
-    try {
-      while (true) {
-        throwIfFailedLocked();
-        if (sendDueRetriesLocked()) {
-          continue;
-        }
-        if (inFlightBytes == 0 || inFlightBytes + bytes <= conf.maxInFlightBytes()) {
-          inFlightBytes += bytes;
-          return;
-        }
-        awaitLocked();
+    awaitUntil(() -> {
+      if (inFlightBytes == 0 || inFlightBytes + bytes <= conf.maxInFlightBytes()) {
+        inFlightBytes += bytes;
+        return true;
       }
-    } finally {
-      lock.unlock();
-      blockedNanos += System.nanoTime() - start;
-    }
+      return false;
+    });
   }
 
   /** Waits until every push is acknowledged (sending due retries meanwhile). */
   private void drain() {
+    awaitUntil(() -> inFlightBytes == 0);
+  }
+
+  /**
+   * Under the lock: fails fast on a failed push, sends retries that are due, and waits until
+   * {@code done} (evaluated with the lock held; it may update state) returns true.
+   */
+  private void awaitUntil(BooleanSupplier done) {
     long start = System.nanoTime();
     lock.lock();
     try {
@@ -228,7 +226,7 @@ public final class ShuffleWriterClient implements AutoCloseable {
         if (sendDueRetriesLocked()) {
           continue;
         }
-        if (inFlightBytes == 0) {
+        if (done.getAsBoolean()) {
           return;
         }
         awaitLocked();
