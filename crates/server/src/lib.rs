@@ -49,7 +49,7 @@ impl Handler for ServerHandler {
             _ => return Admission::Accept(None),
         };
         match self.state.admit_push(app, shuffle, body_len) {
-            Ok(reservation) => Admission::Accept(Some(Box::new(reservation))),
+            Ok(admitted) => Admission::Accept(Some(Box::new(admitted))),
             Err(reply) => Admission::Reject(reply),
         }
     }
@@ -60,10 +60,10 @@ impl Handler for ServerHandler {
         req: Request,
     ) -> impl Future<Output = Response> + Send + 'static {
         let state = self.state.clone();
-        // The permit is the Reservation made in `admit`; it moves into the partition buffers.
-        let reservation =
-            req.permit.and_then(|p| p.downcast::<memory_budget::Reservation>().ok()).map(|b| *b);
-        state.dispatch(req.message, req.body, reservation)
+        // The permit is what `admit` made: the reservation (it moves into the partition buffers)
+        // and the shuffle.
+        let admitted = req.permit.and_then(|p| p.downcast::<state::Admitted>().ok()).map(|b| *b);
+        state.dispatch(req.message, req.body, admitted)
     }
 }
 

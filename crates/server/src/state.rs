@@ -26,6 +26,13 @@ fn fail<T>(code: ErrorCode, msg: impl Into<String>) -> Result<T, Failure> {
     Err((code, msg.into()))
 }
 
+/// What admission hands to the push handler: the body's memory reservation and the shuffle it
+/// was admitted for, so the handler does not look the shuffle up a second time.
+pub struct Admitted {
+    pub reservation: Reservation,
+    pub shuffle: Arc<Shuffle>,
+}
+
 /// An open read stream. It belongs to no connection: a reader may fetch its chunks over any
 /// pooled connection, so it lives until `CloseStream`, its shuffle's deletion, or idleness.
 struct Stream {
@@ -109,7 +116,7 @@ impl ServerState {
         app_id: &str,
         shuffle_id: u32,
         body_len: u32,
-    ) -> Result<Reservation, Message> {
+    ) -> Result<Admitted, Message> {
         let to_msg = |(c, m): Failure| Message::error(c, m);
         let shuffle = self.shuffle(app_id, shuffle_id).map_err(to_msg)?;
         if shuffle.is_committed() {
@@ -134,7 +141,7 @@ impl ServerState {
             )));
         }
         match self.budget.try_reserve(body_len as u64) {
-            Some(r) => Ok(r),
+            Some(reservation) => Ok(Admitted { reservation, shuffle }),
             None => {
                 self.stats.busy_replies.fetch_add(1, Ordering::Relaxed);
                 self.relieve_pressure();
@@ -148,13 +155,13 @@ impl ServerState {
         self: Arc<Self>,
         msg: Message,
         body: Bytes,
-        reservation: Option<Reservation>,
+        admitted: Option<Admitted>,
     ) -> Response {
         let result = match msg {
             Message::Ping(_) => Ok(Response::msg(Pong {})),
             Message::Push(p) => {
                 let sections = [(p.partition_id, 0usize, body.len())];
-                self.push(&p.app_id, p.shuffle_id, &sections, body, reservation)
+                self.push(&p.app_id, p.shuffle_id, &sections, body, admitted)
             }
             Message::PushMerged(p) => {
                 let sections: Vec<_> = p
@@ -162,7 +169,7 @@ impl ServerState {
                     .iter()
                     .map(|s| (s.partition_id, s.offset as usize, s.length as usize))
                     .collect();
-                self.push(&p.app_id, p.shuffle_id, &sections, body, reservation)
+                self.push(&p.app_id, p.shuffle_id, &sections, body, admitted)
             }
             Message::MapperEnd(m) => self.mapper_end(m),
             Message::RegisterApp(r) => Ok(self.touch_app(&r.app_id)),
@@ -195,9 +202,19 @@ impl ServerState {
         shuffle_id: u32,
         sections: &[(u32, usize, usize)],
         body: Bytes,
-        reservation: Option<Reservation>,
+        admitted: Option<Admitted>,
     ) -> Result<Response, Failure> {
-        let shuffle = self.shuffle(app_id, shuffle_id)?;
+        let (shuffle, reservation) = match admitted {
+            Some(a) => (a.shuffle, Some(a.reservation)),
+            None => (self.shuffle(app_id, shuffle_id)?, None),
+        };
+        if shuffle.deleted.load(Ordering::Acquire) {
+            // Unregistered between admission and now.
+            return fail(
+                ErrorCode::UnknownShuffle,
+                format!("shuffle {shuffle_id} of {app_id} was unregistered"),
+            );
+        }
         let nparts = shuffle.partitions.len() as u32;
         // Check every section before storing any: a bad batch rejects the whole push.
         let mut maps_of = Vec::with_capacity(sections.len());

@@ -57,6 +57,11 @@ public final class SluiceShuffleManager extends SluiceShuffleManagerBase {
   /**
    * Sluice keeps no shuffle blocks in the executors' block managers. Spark still asks the resolver
    * which blocks a shuffle has when it cleans the shuffle up: none.
+
+   *
+   * <p>One copy per Spark version on purpose: {@code getMergedBlockData} returns
+   * {@code scala.collection.Seq} under Scala 2.12 (Spark 3.5) and {@code immutable.Seq} under 2.13
+   * (Spark 4), so one compiled class cannot implement both.
    */
   static final class NoLocalBlocks implements ShuffleBlockResolver {
     @Override
