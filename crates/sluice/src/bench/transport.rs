@@ -5,10 +5,13 @@
 //! - **file bodies**: a page-cached file served in chunks (`FetchChunk` → `ChunkData` with a
 //!   file-region body) by a zero-copy server (`sendfile`) and by a copy-path server (`pread` +
 //!   `write`): GB/s and the server process's CPU seconds per GB (`getrusage` in the child);
+//!   beside them the **kernel's own ceiling**: the same chunks streamed by a plain blocking
+//!   loop (no runtime, no framing, no requests) with `sendfile` and with `pread` + `write`, so a
+//!   gap between the two paths can be told apart from overhead of ours;
 //! - **small frames**: 1 KiB frames pushed one way through the transport's writer, batched
 //!   (many frames per `writev`) and one write per frame: messages per second.
 //!
-//! The child talks to the parent over stdin/stdout: it prints `ports <zero-copy> <copy> <sink>`
+//! The child talks to the parent over stdin/stdout: it prints `ports <zero-copy> <copy> <sink> <raw>`
 //! once, then answers `cpu` with `cpu <seconds>` and `stats` with `stats <json>`; it exits when
 //! stdin closes.
 
@@ -50,10 +53,11 @@ pub struct Args {
     /// Passes over the file per measurement.
     #[arg(long, default_value_t = 3)]
     pub passes: u32,
-    /// Chunk requests in flight at once on each connection. (Over loopback, deeper pipelines
-    /// fill the client's receive queue with page-cache frags, whose collapse is charged to the
-    /// sender; one per connection is the fairest view of the server's path.)
-    #[arg(long, default_value_t = 1)]
+    /// Chunk requests in flight at once on each connection. A real reader prefetches (the
+    /// client's default is 4); here 2 moved the most bytes: with 1 each connection idles for a
+    /// round trip per chunk, and deeper queues fill the client's receive queue with page-cache
+    /// fragments that the kernel collapses (docs/benchmarks.md).
+    #[arg(long, default_value_t = 2)]
     pub pipeline: usize,
     /// Measurements of each mode (alternating); the best of each is reported.
     #[arg(long, default_value_t = 3)]
@@ -106,6 +110,12 @@ struct Results {
     zero_copy_speedup: f64,
     /// zero-copy CPU per GB / copy CPU per GB (lower is better).
     zero_copy_cpu_ratio: f64,
+    /// The kernel baseline: a blocking loop streaming the same chunks with `sendfile` and with
+    /// `pread` + `write` (256 KiB buffer), read by blocking clients into a 256 KiB buffer.
+    raw_sendfile_gbps: f64,
+    raw_copy_gbps: f64,
+    raw_sendfile_server_cpu_s_per_gb: f64,
+    raw_copy_server_cpu_s_per_gb: f64,
     frame_body_bytes: usize,
     frames: u64,
     batch: usize,
@@ -221,6 +231,45 @@ async fn measure(
     }
     let stats = child.stats()?;
 
+    let (mut raw_sf, mut raw_cp) = ((0.0f64, f64::MAX), (0.0f64, f64::MAX));
+    for round in 0..args.rounds {
+        for zero_copy in [true, false] {
+            let cpu0 = child.cpu()?;
+            let t = Instant::now();
+            let raw_addr = child.raw_addr;
+            let n = args.connections as u64;
+            tokio::task::block_in_place(|| {
+                let lanes: Vec<_> = (0..n)
+                    .map(|c| {
+                        let count = total_chunks / n + u64::from(c < total_chunks % n);
+                        std::thread::spawn(move || {
+                            raw_fetch(raw_addr, zero_copy, count, c, n, chunk_bytes)
+                        })
+                    })
+                    .collect();
+                for lane in lanes {
+                    lane.join().map_err(|_| anyhow::anyhow!("raw client panicked"))??;
+                }
+                anyhow::Ok(())
+            })?;
+            let secs = t.elapsed().as_secs_f64();
+            let cpu = child.cpu()? - cpu0;
+            let gb = (total_chunks * chunk_bytes) as f64 / 1e9;
+            let (gbps, cpu_per_gb) = (gb / secs, cpu / gb);
+            progress(
+                args,
+                &format!(
+                    "round {round}: kernel loop, {} {gbps:.2} GB/s, server {cpu_per_gb:.3} CPU s/GB",
+                    mode(zero_copy)
+                ),
+            );
+            let best = if zero_copy { &mut raw_sf } else { &mut raw_cp };
+            if gbps > best.0 {
+                *best = (gbps, cpu_per_gb);
+            }
+        }
+    }
+
     let (mut batched, mut unbatched) = (0.0f64, 0.0f64);
     for round in 0..args.rounds {
         for batch in [args.batch, 1] {
@@ -263,6 +312,10 @@ async fn measure(
         copy_server_cpu_s_per_gb: cp.1,
         zero_copy_speedup: zc.0 / cp.0,
         zero_copy_cpu_ratio: zc.1 / cp.1,
+        raw_sendfile_gbps: raw_sf.0,
+        raw_copy_gbps: raw_cp.0,
+        raw_sendfile_server_cpu_s_per_gb: raw_sf.1,
+        raw_copy_server_cpu_s_per_gb: raw_cp.1,
         frame_body_bytes: args.frame_bytes,
         frames: args.frames,
         batch: args.batch,
@@ -383,6 +436,90 @@ async fn fetch_chunks_lean(
     Ok(())
 }
 
+/// The kernel baseline's client: asks the child's raw server for `count` chunks (indexes
+/// `first`, `first + stride`, … modulo the file's chunks) sent back to back with `sendfile` or
+/// with `pread` + `write`, and reads them with blocking reads into one 256 KiB buffer.
+fn raw_fetch(
+    addr: SocketAddr,
+    zero_copy: bool,
+    count: u64,
+    first: u64,
+    stride: u64,
+    chunk_bytes: u64,
+) -> anyhow::Result<()> {
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_nodelay(true)?;
+    let mut req = [0u8; 25];
+    req[0] = u8::from(zero_copy);
+    req[1..9].copy_from_slice(&count.to_be_bytes());
+    req[9..17].copy_from_slice(&first.to_be_bytes());
+    req[17..25].copy_from_slice(&stride.to_be_bytes());
+    s.write_all(&req)?;
+    let mut buf = vec![0u8; RAW_BUF];
+    let (want, mut got) = (count * chunk_bytes, 0u64);
+    while got < want {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            bail!("raw server closed after {got} of {want} bytes");
+        }
+        got += n as u64;
+    }
+    Ok(())
+}
+
+/// Buffer of the kernel baseline's copy loop and clients (the transport's copy buffer and the
+/// lean reader's scratch are this size too).
+const RAW_BUF: usize = 256 << 10;
+
+/// The kernel baseline's server: one blocking thread per connection.
+fn raw_serve(listener: std::net::TcpListener, file: Arc<File>, chunk_bytes: u64) {
+    for stream in listener.incoming() {
+        let Ok(stream) = stream else { continue };
+        let file = file.clone();
+        std::thread::spawn(move || {
+            if let Err(e) = raw_conn(stream, &file, chunk_bytes) {
+                tracing::warn!(error = %e, "raw connection failed");
+            }
+        });
+    }
+}
+
+fn raw_conn(mut s: std::net::TcpStream, file: &File, chunk_bytes: u64) -> anyhow::Result<()> {
+    use std::os::unix::fs::FileExt;
+    s.set_nodelay(true)?;
+    let mut req = [0u8; 25];
+    s.read_exact(&mut req)?;
+    let word = |i: usize| u64::from_be_bytes(req[i..i + 8].try_into().expect("8 bytes"));
+    let (zero_copy, count, first, stride) = (req[0] == 1, word(1), word(9), word(17));
+    let chunks = (file.metadata()?.len() / chunk_bytes).max(1);
+    let mut buf = vec![0u8; RAW_BUF];
+    for i in 0..count {
+        let start = ((first + i * stride) % chunks) * chunk_bytes;
+        let (mut off, end) = (start, start + chunk_bytes);
+        while off < end {
+            if zero_copy {
+                // Blocking socket: sendfile returns after moving what the send buffer took and
+                // advances `off` itself.
+                let want = (end - off) as usize;
+                let n = rustix::fs::sendfile(&s, file, Some(&mut off), want)
+                    .map_err(std::io::Error::from)?;
+                if n == 0 {
+                    bail!("sendfile returned 0 at offset {off}: file shorter than expected");
+                }
+            } else {
+                let want = ((end - off) as usize).min(buf.len());
+                let n = file.read_at(&mut buf[..want], off)?;
+                if n == 0 {
+                    bail!("pread returned 0 at offset {off}");
+                }
+                s.write_all(&buf[..n])?;
+                off += n as u64;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Pushes `frames` frames of `frame_bytes` body one way into the child's sink through the
 /// transport's writer with at most `batch` frames per `writev`; returns messages per second.
 async fn push_frames(
@@ -429,6 +566,7 @@ struct ServerChild {
     stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
     addrs: (SocketAddr, SocketAddr, SocketAddr),
+    raw_addr: SocketAddr,
 }
 
 #[derive(serde::Deserialize)]
@@ -470,9 +608,9 @@ impl ServerChild {
             .split_whitespace()
             .map(str::parse)
             .collect::<Result<_, _>>()?;
-        let [a, b, c] = ports[..] else { bail!("child printed {line:?}") };
+        let [a, b, c, d] = ports[..] else { bail!("child printed {line:?}") };
         let at = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
-        Ok(ServerChild { child, stdin, stdout, addrs: (at(a), at(b), at(c)) })
+        Ok(ServerChild { child, stdin, stdout, addrs: (at(a), at(b), at(c)), raw_addr: at(d) })
     }
 
     fn ask(&mut self, what: &str) -> anyhow::Result<String> {
@@ -499,7 +637,8 @@ impl ServerChild {
     }
 }
 
-/// The child: a zero-copy server, a copy-path server and a frame sink on loopback.
+/// The child: a zero-copy server, a copy-path server, a frame sink and the kernel baseline's
+/// blocking server on loopback.
 pub fn run_server(args: ServerArgs) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let file = Arc::new(File::open(&args.file)?);
@@ -525,8 +664,12 @@ pub fn run_server(args: ServerArgs) -> anyhow::Result<()> {
         tokio::spawn(sink_loop(sink));
         anyhow::Ok(ports)
     })?;
+    let raw = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let raw_port = raw.local_addr()?.port();
+    let raw_file = Arc::new(File::open(&args.file)?);
+    std::thread::spawn(move || raw_serve(raw, raw_file, args.chunk_bytes));
     let mut out = std::io::stdout().lock();
-    writeln!(out, "ports {} {} {}", ports.0, ports.1, ports.2)?;
+    writeln!(out, "ports {} {} {} {raw_port}", ports.0, ports.1, ports.2)?;
     out.flush()?;
     for line in std::io::stdin().lock().lines() {
         match line?.trim() {
@@ -682,6 +825,21 @@ fn print_table(r: &Results) {
         "zero copy / copy", r.zero_copy_speedup, r.zero_copy_cpu_ratio
     );
     println!("  (sendfile moved {} KiB per call on average)", r.sendfile_bytes_per_call >> 10);
+    println!("  kernel baseline: a blocking loop streaming the same chunks, no runtime or framing");
+    println!(
+        "  {:<22} {:>10.2} {:>18.3}",
+        "loop: sendfile", r.raw_sendfile_gbps, r.raw_sendfile_server_cpu_s_per_gb
+    );
+    println!(
+        "  {:<22} {:>10.2} {:>18.3}",
+        "loop: pread + write", r.raw_copy_gbps, r.raw_copy_server_cpu_s_per_gb
+    );
+    println!(
+        "  {:<22} {:>10.2}x {:>17.2}x",
+        "loop sendfile / copy",
+        r.raw_sendfile_gbps / r.raw_copy_gbps,
+        r.raw_sendfile_server_cpu_s_per_gb / r.raw_copy_server_cpu_s_per_gb
+    );
     println!("small frames: {} frames of {} B body", r.frames, r.frame_body_bytes);
     println!("  {:<22} {:>14}", "writer", "M msg/s");
     println!(
