@@ -155,52 +155,71 @@ pub fn map_runs(maps: u32) -> Vec<MapRun> {
     runs
 }
 
-/// Reads every partition back (`concurrency` at a time) and tallies its records.
+/// Reads every partition back (`concurrency` at a time) and tallies its records. Each reader is
+/// its own task, so decoding and checking records runs on every core of the runtime.
 pub async fn read_all(
     client: &ShuffleClient,
-    a: &Assignment,
+    a: &Arc<Assignment>,
     maps: u32,
     concurrency: usize,
-    got: &Tally,
+    got: &Arc<Tally>,
     progress: &ProgressBar,
 ) -> anyhow::Result<u64> {
     let parts = a.partitions.len() as u32;
-    let next = AtomicU64::new(0);
-    let bytes = AtomicU64::new(0);
-    let worker = || async {
-        loop {
-            let p = next.fetch_add(1, Ordering::Relaxed) as u32;
-            if p >= parts {
-                return Ok::<_, anyhow::Error>(());
-            }
-            let mut r = client
-                .reader(a, p, 0, maps)
-                .await
-                .with_context(|| format!("opening partition {p}"))?;
-            let (mut count, mut sum) = (0u64, 0u64);
-            while let Some(batch) =
-                r.next_batch().await.with_context(|| format!("reading partition {p}"))?
-            {
-                let mut b = &batch[..];
-                while b.len() >= 4 {
-                    let len = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize;
-                    if b.len() < 4 + len {
-                        bail!("partition {p}: record runs past its batch");
-                    }
-                    sum += crc32c::crc32c(&b[4..4 + len]) as u64;
-                    count += 1;
-                    b = &b[4 + len..];
+    let next = Arc::new(AtomicU64::new(0));
+    let workers = (0..concurrency.max(1)).map(|_| {
+        let (client, a, got, progress, next) =
+            (client.clone(), a.clone(), got.clone(), progress.clone(), next.clone());
+        tokio::spawn(async move {
+            let mut bytes = 0u64;
+            loop {
+                let p = next.fetch_add(1, Ordering::Relaxed) as u32;
+                if p >= parts {
+                    return Ok::<_, anyhow::Error>(bytes);
                 }
-                bytes.fetch_add(batch.len() as u64, Ordering::Relaxed);
-                progress.inc(batch.len() as u64);
+                let n = read_partition(&client, &a, p, maps, &got, &progress).await?;
+                bytes += n;
             }
-            got.count[p as usize].fetch_add(count, Ordering::Relaxed);
-            got.sum[p as usize].fetch_add(sum, Ordering::Relaxed);
+        })
+    });
+    let mut total = 0;
+    for w in futures_util::future::join_all(workers).await {
+        total += w.context("reader task panicked")??;
+    }
+    Ok(total)
+}
+
+/// Reads one partition, checks each record and adds them to `got`; returns payload bytes.
+async fn read_partition(
+    client: &ShuffleClient,
+    a: &Assignment,
+    p: u32,
+    maps: u32,
+    got: &Tally,
+    progress: &ProgressBar,
+) -> anyhow::Result<u64> {
+    let mut r =
+        client.reader(a, p, 0, maps).await.with_context(|| format!("opening partition {p}"))?;
+    let (mut count, mut sum, mut bytes) = (0u64, 0u64, 0u64);
+    while let Some(batch) =
+        r.next_batch().await.with_context(|| format!("reading partition {p}"))?
+    {
+        let mut b = &batch[..];
+        while b.len() >= 4 {
+            let len = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize;
+            if b.len() < 4 + len {
+                bail!("partition {p}: record runs past its batch");
+            }
+            sum += crc32c::crc32c(&b[4..4 + len]) as u64;
+            count += 1;
+            b = &b[4 + len..];
         }
-    };
-    let results = futures_util::future::join_all((0..concurrency.max(1)).map(|_| worker())).await;
-    results.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
-    Ok(bytes.load(Ordering::Relaxed))
+        bytes += batch.len() as u64;
+        progress.inc(batch.len() as u64);
+    }
+    got.count[p as usize].fetch_add(count, Ordering::Relaxed);
+    got.sum[p as usize].fetch_add(sum, Ordering::Relaxed);
+    Ok(bytes)
 }
 
 /// Partitions whose count or checksum differ.
