@@ -7,6 +7,7 @@ Run with the interpreter of one of the venvs that tests/spark/setup.sh makes:
     cargo build --release -p sluice                           # the sluice binary
     .venv/spark4/bin/python -m pytest tests/spark             # Spark 4.3
     .venv/spark35/bin/python -m pytest tests/spark            # Spark 3.5
+    .venv/spark42/bin/python -m pytest tests/spark            # Spark 4.2 (the 4.0-4.2 class)
 
 The pyspark of the interpreter picks the plugin jar: sluice-spark-3.5 for 3.5, sluice-spark-4 for
 4.x. Every test job runs twice, in two applications: once with Spark's built-in shuffle (whose

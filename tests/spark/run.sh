@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole Spark integration suite, as `make test` (or CI) runs it on a fresh machine:
-# venvs, the sluice binary, the shaded plugin jars, then the suite on Spark 4.3 and on Spark 3.5.
+# venvs, the sluice binary, the shaded plugin jars, then the whole suite on Spark 4.3 and on
+# Spark 3.5, and the job suite (test_spark.py: every result against the built-in shuffle) on
+# Spark 4.2, which loads the plugin under its 4.0-4.2 class name.
 # Usage: tests/spark/run.sh [pytest args...]     SLUICE_SPARK_SKIP_BUILD=1 reuses existing builds.
 set -euo pipefail
 
@@ -18,4 +20,6 @@ for venv in spark4 spark35; do
   echo "== Spark suite on .venv/$venv"
   ".venv/$venv/bin/python" -m pytest -p no:cacheprovider tests/spark "$@" || status=$?
 done
+echo "== Spark job suite on .venv/spark42"
+.venv/spark42/bin/python -m pytest -p no:cacheprovider tests/spark/test_spark.py "$@" || status=$?
 exit $status
