@@ -15,7 +15,7 @@ use sluice_transport::{Body, FileRegion, Response};
 use crate::config::ServerConfig;
 use crate::flusher::Flushers;
 use crate::memory_budget::{MemoryBudget, Pressure, Reservation};
-use crate::shuffle::{App, Chunk, Shuffle};
+use crate::shuffle::{App, Chunk, MapEnd, Shuffle};
 use crate::stats::Stats;
 use crate::storage::Storage;
 
@@ -459,9 +459,23 @@ impl ServerState {
             }
             p.chunks.iter().filter(|c| c.has_map_in(o.map_start, o.map_end)).cloned().collect()
         };
-        let mut committed: Vec<CommittedMap> = shuffle
-            .maps
-            .lock()
+        let maps = shuffle.maps.lock();
+        if let Some(m) = first_unended_map(&maps, o.map_start, o.map_end.min(shuffle.num_maps)) {
+            // A map attempt sends MapperEnd to every server of the shuffle (also when it has no
+            // output) except those its writer gave up on, and a shuffle is committed once every
+            // map has ended. A map without one here is one whose writer gave up on this server
+            // part-way and went on with the other copy: what this server holds of it is
+            // incomplete and must never be served as complete. The reader fails over.
+            return fail(
+                ErrorCode::DataLost,
+                format!(
+                    "map {m} of shuffle {} of {} has no MapperEnd on this server: its copy of \
+                     partition {} is incomplete",
+                    o.shuffle_id, o.app_id, o.partition_id
+                ),
+            );
+        }
+        let mut committed: Vec<CommittedMap> = maps
             .iter()
             .filter(|(m, _)| (o.map_start..o.map_end).contains(*m))
             .filter_map(|(m, e)| {
@@ -473,6 +487,7 @@ impl ServerState {
                 })
             })
             .collect();
+        drop(maps);
         committed.sort_unstable_by_key(|c| c.map_id);
         let stream_id = self.next_stream.fetch_add(1, Ordering::Relaxed);
         let chunk_lengths = chunks.iter().map(|c| c.len as u32).collect();
@@ -535,5 +550,33 @@ impl ServerState {
             .values()
             .map(|a| a.shuffles.lock().values().map(|s| s.partitions.len() as u32).sum::<u32>())
             .sum()
+    }
+}
+
+/// The first map of `[start, end)` with no recorded `MapperEnd`, if any. Costs one pass over the
+/// ended maps, however wide the range.
+fn first_unended_map(ended: &HashMap<u32, MapEnd>, start: u32, end: u32) -> Option<u32> {
+    let want = end.saturating_sub(start) as usize;
+    let have = ended.keys().filter(|m| (start..end).contains(*m)).count();
+    if have == want {
+        return None;
+    }
+    (start..end).find(|m| !ended.contains_key(m))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_first_map_without_an_end() {
+        let end = |attempt_id| MapEnd { attempt_id, batches: HashMap::new() };
+        let ended: HashMap<u32, MapEnd> = [(0, end(0)), (1, end(3)), (3, end(0))].into();
+        assert_eq!(first_unended_map(&ended, 0, 2), None);
+        assert_eq!(first_unended_map(&ended, 0, 4), Some(2));
+        assert_eq!(first_unended_map(&ended, 3, 4), None);
+        assert_eq!(first_unended_map(&ended, 3, 5), Some(4));
+        assert_eq!(first_unended_map(&ended, 2, 2), None, "an empty range");
+        assert_eq!(first_unended_map(&HashMap::new(), 0, 1), Some(0));
     }
 }

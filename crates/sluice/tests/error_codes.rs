@@ -60,14 +60,14 @@ async fn request_errors_leave_the_connection_open() {
         let e = call_body(&c, push(APP, 2, 5), batch_body(0, 0)).await;
         assert_eq!(e.err(), Some(ErrorCode::InvalidRequest), "push to partition ≥ partitions");
 
-        let open = |shuffle| OpenStream {
+        let open = |shuffle, map_end| OpenStream {
             app_id: APP.into(),
             shuffle_id: shuffle,
             partition_id: 0,
             map_start: 0,
-            map_end: 10,
+            map_end,
         };
-        assert_eq!(call(&c, open(2)).await.err(), Some(ErrorCode::ShuffleNotCommitted));
+        assert_eq!(call(&c, open(2, 10)).await.err(), Some(ErrorCode::ShuffleNotCommitted));
 
         // A bad CRC rejects the whole push, even with a good section beside it.
         let mut body = BytesMut::new();
@@ -90,6 +90,17 @@ async fn request_errors_leave_the_connection_open() {
         let e = call_body(&c, push(APP, 2, 1), bad.clone().freeze()).await;
         assert_eq!(e.err(), Some(ErrorCode::ChecksumMismatch), "Push with a bad CRC");
 
+        // Maps 0..9 of shuffle 2 end (with no output); map 9 never does.
+        for map_id in 0..9 {
+            let end = MapperEnd {
+                app_id: APP.into(),
+                shuffle_id: 2,
+                map_id,
+                attempt_id: 0,
+                batch_counts: vec![],
+            };
+            assert!(matches!(call(&c, end).await, Ok(Message::MapperEndResult(_))));
+        }
         // Commit shuffle 2: nothing of the rejected pushes was stored.
         match call(&c, CommitShuffle { app_id: APP.into(), shuffle_id: 2 }).await {
             Ok(Message::CommitResult(r)) => assert!(r.partitions.is_empty(), "stored: {r:?}"),
@@ -100,13 +111,15 @@ async fn request_errors_leave_the_connection_open() {
         let late_end = MapperEnd {
             app_id: APP.into(),
             shuffle_id: 2,
-            map_id: 3,
+            map_id: 9,
             attempt_id: 0,
             batch_counts: vec![],
         };
         assert_eq!(call(&c, late_end).await.err(), Some(ErrorCode::ShuffleCommitted));
 
-        let h = match call(&c, open(2)).await {
+        // A range holding map 9 cannot be served as complete; one without it can.
+        assert_eq!(call(&c, open(2, 10)).await.err(), Some(ErrorCode::DataLost));
+        let h = match call(&c, open(2, 9)).await {
             Ok(Message::StreamHandle(h)) => h,
             other => panic!("OpenStream after commit: {other:?}"),
         };
