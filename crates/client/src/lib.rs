@@ -41,6 +41,11 @@ pub enum ClientError {
     Corrupt(String),
     #[error("cannot resolve {0}")]
     Resolve(String),
+    /// Every server holding a partition failed (a replicated shuffle survives losing one of
+    /// them): no complete copy of the partition can be written or committed any more. `code`
+    /// is the last failure's.
+    #[error("partition {partition} has no live copy left: {failures}")]
+    CopiesLost { partition: u32, failures: String, code: ErrorCode },
 }
 
 impl ClientError {
@@ -53,12 +58,32 @@ impl ClientError {
             ClientError::DataLost(_) => ErrorCode::DataLost,
             ClientError::Corrupt(_) => ErrorCode::ChecksumMismatch,
             ClientError::Resolve(_) => ErrorCode::InvalidRequest,
+            ClientError::CopiesLost { code, .. } => *code,
         }
     }
 
     /// Whether trying again may help.
     pub fn is_retriable(&self) -> bool {
         self.code().is_retriable()
+    }
+
+    /// Whether this failure of a request that retries could not cure is the *server's* — it is
+    /// unreachable, stopping, its storage failed, or it answered nonsense — rather than the
+    /// request's (an unknown or committed shuffle, an invalid request, our own settings). A
+    /// writer of a replicated shuffle gives up on such a server and carries on with the other
+    /// copy of its partitions; a request's own failure would fail on every server alike.
+    pub fn is_server_failure(&self) -> bool {
+        match self {
+            ClientError::Transport(TransportError::Config(_)) | ClientError::Resolve(_) => false,
+            ClientError::Transport(TransportError::Remote { code, .. })
+            | ClientError::Server { code, .. } => {
+                code.is_retriable() || *code == ErrorCode::StorageUnavailable
+            }
+            // Lost connections, timeouts, undecodable or out-of-place replies.
+            ClientError::Transport(_) | ClientError::UnexpectedReply(_) => true,
+            ClientError::CopiesLost { .. } => true,
+            ClientError::DataLost(_) | ClientError::Corrupt(_) => false,
+        }
     }
 }
 
@@ -159,6 +184,29 @@ impl ShuffleClient {
         expect_ok(conn.request(msg, Body::Empty).await?)
     }
 
+    /// [`Self::request`], sent again after a back-off while it fails with a retriable error, at
+    /// most `error_max_retries` times. Only for requests a server may safely see twice
+    /// (`MapperEnd`: the first attempt to report stays the winner; `CommitShuffle`;
+    /// `OpenStream`).
+    pub async fn request_with_retries(
+        &self,
+        addr: SocketAddr,
+        msg: Message,
+    ) -> Result<Message, ClientError> {
+        let opts = &self.inner.opts;
+        let mut tries = 0;
+        loop {
+            match self.request(addr, msg.clone()).await {
+                Err(e) if e.is_retriable() && tries < opts.error_max_retries => {
+                    tracing::debug!(server = %addr, error = %e, tries, "request failed; retrying");
+                    tokio::time::sleep(backoff(opts.retry_backoff_ms, tries)).await;
+                    tries += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// Sends one request to the first coordinator that answers; retriable failures move on to
     /// the next one.
     pub async fn coordinator_request(&self, msg: Message) -> Result<Message, ClientError> {
@@ -230,6 +278,11 @@ impl ShuffleClient {
     }
 
     /// Commits a shuffle on every server of its assignment; returns bytes per partition.
+    ///
+    /// A replicated shuffle survives a server that cannot be reached (or fails as a server does,
+    /// see [`ClientError::is_server_failure`]) as long as every partition has a server that
+    /// committed: its writers wrote the other copy only, and its readers read that copy. Without
+    /// replication, or when a partition lost both copies, the commit fails.
     pub async fn commit_shuffle(&self, a: &Assignment) -> Result<Vec<u64>, ClientError> {
         let msg = Message::from(CommitShuffle {
             app_id: self.inner.app_id.clone(),
@@ -238,18 +291,37 @@ impl ShuffleClient {
         let mut sizes = vec![0u64; a.partitions.len()];
         let addrs = server_addrs(a).await?;
         let replies = futures_util::future::join_all(
-            addrs.iter().map(|addr| self.request(*addr, msg.clone())),
+            addrs.iter().map(|addr| self.request_with_retries(*addr, msg.clone())),
         )
         .await;
-        for r in replies {
-            let Message::CommitResult(c) = r? else {
-                return Err(ClientError::UnexpectedReply("CommitShuffle wants CommitResult"));
+        let replicated = a.partitions.iter().any(|l| l.replica != NO_REPLICA);
+        let mut failed: Vec<Option<ClientError>> = Vec::with_capacity(addrs.len());
+        for (addr, r) in addrs.iter().zip(replies) {
+            let c = match r {
+                Ok(Message::CommitResult(c)) => c,
+                Ok(_) => {
+                    return Err(ClientError::UnexpectedReply("CommitShuffle wants CommitResult"))
+                }
+                Err(e) if replicated && e.is_server_failure() => {
+                    tracing::warn!(server = %addr, shuffle = a.shuffle_id, error = %e, "commit failed on a server; its partitions' other copies are committed instead");
+                    failed.push(Some(e));
+                    continue;
+                }
+                Err(e) => return Err(e),
             };
+            failed.push(None);
             for p in c.partitions {
                 // A replicated partition is reported by its primary and its replica.
                 if let Some(s) = sizes.get_mut(p.partition as usize) {
                     *s = (*s).max(p.bytes);
                 }
+            }
+        }
+        for (p, loc) in a.partitions.iter().enumerate() {
+            if writer::servers_of(loc).all(|s| failed[s].is_some()) {
+                return Err(copies_lost(p as u32, writer::servers_of(loc), &addrs, |s| {
+                    failed[s].as_ref().map(|e| (e.code(), e.to_string()))
+                }));
             }
         }
         Ok(sizes)
@@ -298,6 +370,25 @@ impl ShuffleClient {
     ) -> Result<PartitionReader, ClientError> {
         PartitionReader::open(self.clone(), a, partition, map_start, map_end).await
     }
+}
+
+/// The error for partition `p` once every server in `servers` failed; `why(s)` is server
+/// `s`'s failure (code and text).
+pub(crate) fn copies_lost(
+    partition: u32,
+    servers: impl Iterator<Item = usize>,
+    addrs: &[SocketAddr],
+    why: impl Fn(usize) -> Option<(ErrorCode, String)>,
+) -> ClientError {
+    let mut code = ErrorCode::Internal;
+    let mut failures = Vec::new();
+    for s in servers {
+        if let Some((c, text)) = why(s) {
+            code = c;
+            failures.push(format!("{}: {text}", addrs[s]));
+        }
+    }
+    ClientError::CopiesLost { partition, failures: failures.join("; "), code }
 }
 
 /// Back-off for the n-th retry (0-based), doubling from `base_ms`, capped at 2 s.

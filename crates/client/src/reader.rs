@@ -12,7 +12,7 @@ use sluice_proto::ErrorCode;
 use sluice_transport::Body;
 
 use crate::writer::servers_of;
-use crate::{backoff, expect_ok, server_addrs, ClientError, ShuffleClient};
+use crate::{expect_ok, server_addrs, ClientError, ShuffleClient};
 
 type ChunkFuture = BoxFuture<'static, Result<Bytes, ClientError>>;
 
@@ -247,16 +247,8 @@ async fn open_on(
     addr: SocketAddr,
     open: &OpenStream,
 ) -> Result<StreamHandle, ClientError> {
-    let mut tries = 0;
-    loop {
-        match client.request(addr, open.clone().into()).await {
-            Ok(Message::StreamHandle(h)) => return Ok(h),
-            Ok(_) => return Err(ClientError::UnexpectedReply("OpenStream wants StreamHandle")),
-            Err(e) if e.is_retriable() && tries < client.inner.opts.error_max_retries => {
-                tokio::time::sleep(backoff(client.inner.opts.retry_backoff_ms, tries)).await;
-                tries += 1;
-            }
-            Err(e) => return Err(e),
-        }
+    match client.request_with_retries(addr, open.clone().into()).await? {
+        Message::StreamHandle(h) => Ok(h),
+        _ => Err(ClientError::UnexpectedReply("OpenStream wants StreamHandle")),
     }
 }

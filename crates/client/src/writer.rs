@@ -1,4 +1,11 @@
 //! The map side: records → per-partition batches → frames per server → pushes.
+//!
+//! With replication a batch goes to its partition's primary and replica. When a server fails for
+//! good while a map attempt writes (see [`ClientError::is_server_failure`]), the writer gives up
+//! on it for the rest of the attempt: later batches go to the other copy only and `MapperEnd`
+//! goes to the live servers only, so the given-up server's partial copy of the map is never
+//! reported complete (a server answers `DATA_LOST` for a map it has no `MapperEnd` of, and
+//! readers fail over). The attempt fails only when a partition with data has lost both servers.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -8,10 +15,10 @@ use sluice_proto::batch::{BatchHeader, BATCH_HEADER_LEN};
 use sluice_proto::message::*;
 use sluice_proto::ErrorCode;
 use sluice_transport::Body;
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
-use crate::{backoff, expect_ok, server_addrs, ClientError, ShuffleClient};
+use crate::{backoff, copies_lost, expect_ok, server_addrs, ClientError, ShuffleClient};
 
 /// Batches below this size are merged with others into a `PushMerged` frame; larger ones go out
 /// alone as `Push`, so their bytes are never copied again.
@@ -38,7 +45,15 @@ pub struct ShuffleWriter {
     bytes: Vec<u64>,
     merged: Vec<Merged>,
     inflight: Arc<Semaphore>,
-    tasks: JoinSet<Result<(), ClientError>>,
+    /// Whether some partition has a replica: only then may the writer give up on a server.
+    replicated: bool,
+    /// Per server: why the writer gave up on it (code, text); `None` while it is live.
+    given_up: Vec<Option<(ErrorCode, String)>>,
+    /// Per server: flips to `true` when the writer gives up on it, so its pushes still in
+    /// flight stop retrying at once instead of holding in-flight bytes through their back-offs.
+    given_up_tx: Vec<watch::Sender<bool>>,
+    /// Push tasks; each reports the server it pushed to with its outcome.
+    tasks: JoinSet<(usize, Result<(), ClientError>)>,
 }
 
 impl ShuffleWriter {
@@ -51,8 +66,11 @@ impl ShuffleWriter {
         let addrs = server_addrs(&assignment).await?;
         let n = assignment.partitions.len();
         let permits = (client.inner.opts.max_inflight_bytes / PERMIT_BYTES).max(1);
+        let replicated = assignment.partitions.iter().any(|l| l.replica != NO_REPLICA);
         Ok(ShuffleWriter {
             merged: (0..addrs.len()).map(|_| Merged::default()).collect(),
+            given_up: vec![None; addrs.len()],
+            given_up_tx: (0..addrs.len()).map(|_| watch::Sender::new(false)).collect(),
             client,
             assignment,
             addrs,
@@ -62,6 +80,7 @@ impl ShuffleWriter {
             next_batch: vec![0; n],
             bytes: vec![0; n],
             inflight: Arc::new(Semaphore::new(permits)),
+            replicated,
             tasks: JoinSet::new(),
         })
     }
@@ -110,8 +129,15 @@ impl ShuffleWriter {
         self.next_batch[p] += 1;
         self.bytes[p] += batch.len() as u64;
         let batch = batch.freeze();
-        // The primary, then the replica when the shuffle is replicated: both hold every batch.
+        // Learn about servers lost meanwhile before routing the batch.
+        self.reap()?;
+        self.check_live_copy(p)?;
+        // The primary, then the replica when the shuffle is replicated: both hold every batch,
+        // unless the writer gave up on one of them.
         for server in servers_of(&self.assignment.partitions[p]) {
+            if self.given_up[server].is_some() {
+                continue;
+            }
             if batch.len() >= MERGE_BELOW_BYTES {
                 let msg = Push {
                     app_id: self.client.inner.app_id.clone(),
@@ -148,20 +174,31 @@ impl ShuffleWriter {
         self.send(server, msg.into(), m.body.freeze()).await
     }
 
-    /// Sends a push in the background once in-flight bytes allow it.
+    /// Sends a push in the background once in-flight bytes allow it (dropped if the writer
+    /// gives up on the server meanwhile).
     async fn send(&mut self, server: usize, msg: Message, body: Bytes) -> Result<(), ClientError> {
-        // Fail fast: a push that already failed makes the whole map attempt fail.
-        while let Some(done) = self.tasks.try_join_next() {
-            done.map_err(|e| ClientError::DataLost(format!("push task: {e}")))??;
-        }
+        // Fail fast: a push that failed for good fails the attempt or loses its server.
+        self.reap()?;
         let units = body.len().div_ceil(PERMIT_BYTES).clamp(1, self.inflight_capacity()) as u32;
         let permit =
             self.inflight.clone().acquire_many_owned(units).await.expect("semaphore never closed");
+        // Waiting for in-flight bytes may have taken a while: look again.
+        self.reap()?;
+        if self.given_up[server].is_some() {
+            return Ok(());
+        }
         let client = self.client.clone();
         let addr = self.addrs[server];
+        let mut given_up = self.given_up_tx[server].subscribe();
         self.tasks.spawn(async move {
             let _permit = permit;
-            push_with_retries(&client, addr, msg, body).await
+            let result = tokio::select! {
+                r = push_with_retries(&client, addr, msg, body) => r,
+                // The writer no longer counts on this server: stop retrying. (Also when the
+                // writer is dropped: the sender is gone.)
+                _ = given_up.wait_for(|g| *g) => Ok(()),
+            };
+            (server, result)
         });
         Ok(())
     }
@@ -170,8 +207,69 @@ impl ShuffleWriter {
         (self.client.inner.opts.max_inflight_bytes / PERMIT_BYTES).max(1)
     }
 
+    /// Takes in the outcomes of the push tasks that have finished.
+    fn reap(&mut self) -> Result<(), ClientError> {
+        while let Some(done) = self.tasks.try_join_next() {
+            let (server, result) =
+                done.map_err(|e| ClientError::DataLost(format!("push task: {e}")))?;
+            self.settle(server, result)?;
+        }
+        Ok(())
+    }
+
+    /// A request to `server` ended with `result` (retries, if any, done).
+    fn settle(
+        &mut self,
+        server: usize,
+        result: Result<(), ClientError>,
+    ) -> Result<(), ClientError> {
+        match result {
+            Ok(()) => Ok(()),
+            // Already given up on: its other requests' outcomes no longer matter.
+            Err(_) if self.given_up[server].is_some() => Ok(()),
+            Err(e) => self.give_up_on(server, e),
+        }
+    }
+
+    /// `server` failed a request for good. Without replication, or when the failure is the
+    /// request's own (it would fail on the other copy too), the attempt fails with it. Otherwise
+    /// the writer goes on without the server, as long as every partition it wrote keeps a live
+    /// copy.
+    fn give_up_on(&mut self, server: usize, e: ClientError) -> Result<(), ClientError> {
+        if !self.replicated || !e.is_server_failure() {
+            return Err(e);
+        }
+        tracing::warn!(
+            server = %self.addrs[server],
+            shuffle = self.assignment.shuffle_id,
+            map = self.map_id,
+            attempt = self.attempt_id,
+            error = %e,
+            "server failed; this map attempt goes on with the other copy of its partitions"
+        );
+        self.given_up[server] = Some((e.code(), e.to_string()));
+        self.given_up_tx[server].send_replace(true);
+        self.merged[server] = Merged::default();
+        for p in 0..self.next_batch.len() {
+            if self.next_batch[p] > 0 {
+                self.check_live_copy(p)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails unless partition `p` has a server the writer has not given up on.
+    fn check_live_copy(&self, p: usize) -> Result<(), ClientError> {
+        let loc = &self.assignment.partitions[p];
+        if servers_of(loc).any(|s| self.given_up[s].is_none()) {
+            return Ok(());
+        }
+        Err(copies_lost(p as u32, servers_of(loc), &self.addrs, |s| self.given_up[s].clone()))
+    }
+
     /// Pushes everything left, waits for every acknowledgement, then reports the map's end to
-    /// every server of the shuffle. Returns the bytes pushed per partition.
+    /// every server of the shuffle that the writer has not given up on. Returns the bytes
+    /// pushed per partition.
     pub async fn finish(mut self) -> Result<Vec<u64>, ClientError> {
         for p in 0..self.open.len() {
             self.seal(p).await?;
@@ -180,18 +278,20 @@ impl ShuffleWriter {
             self.send_merged(s).await?;
         }
         while let Some(done) = self.tasks.join_next().await {
-            done.map_err(|e| ClientError::DataLost(format!("push task: {e}")))??;
+            let (server, result) =
+                done.map_err(|e| ClientError::DataLost(format!("push task: {e}")))?;
+            self.settle(server, result)?;
         }
-        let mut per_server: Vec<Vec<BatchCount>> = vec![Vec::new(); self.addrs.len()];
-        for (p, loc) in self.assignment.partitions.iter().enumerate() {
-            if self.next_batch[p] > 0 {
-                for server in servers_of(loc) {
-                    per_server[server]
-                        .push(BatchCount { partition_id: p as u32, batches: self.next_batch[p] });
-                }
-            }
-        }
-        let ends = per_server.into_iter().zip(&self.addrs).map(|(batch_counts, addr)| {
+        let live: Vec<usize> =
+            (0..self.addrs.len()).filter(|s| self.given_up[*s].is_none()).collect();
+        let ends = live.iter().map(|&server| {
+            // A live server holds every batch of its partitions: each push to it was
+            // acknowledged, or the writer would have given up on it.
+            let batch_counts = (0..self.next_batch.len())
+                .filter(|&p| self.next_batch[p] > 0)
+                .filter(|&p| servers_of(&self.assignment.partitions[p]).any(|s| s == server))
+                .map(|p| BatchCount { partition_id: p as u32, batches: self.next_batch[p] })
+                .collect();
             let msg = MapperEnd {
                 app_id: self.client.inner.app_id.clone(),
                 shuffle_id: self.assignment.shuffle_id,
@@ -199,14 +299,18 @@ impl ShuffleWriter {
                 attempt_id: self.attempt_id,
                 batch_counts,
             };
-            let client = self.client.clone();
-            async move { client.request(*addr, msg.into()).await }
+            let (client, addr) = (self.client.clone(), self.addrs[server]);
+            async move { (server, client.request_with_retries(addr, msg.into()).await) }
         });
-        for r in futures_util::future::join_all(ends).await {
-            match r? {
-                Message::MapperEndResult(_) => {}
-                _ => return Err(ClientError::UnexpectedReply("MapperEnd wants MapperEndResult")),
-            }
+        for (server, r) in futures_util::future::join_all(ends).await {
+            let result = match r {
+                Ok(Message::MapperEndResult(_)) => Ok(()),
+                Ok(_) => Err(ClientError::UnexpectedReply("MapperEnd wants MapperEndResult")),
+                Err(e) => Err(e),
+            };
+            // A failed MapperEnd is a lost server like a failed push: tolerated while every
+            // partition it holds data of has its other copy reported.
+            self.settle(server, result)?;
         }
         Ok(self.bytes)
     }
