@@ -6,7 +6,8 @@
 //! - [`ClientOptions`] and [`ShuffleClient`]: coordinator calls (any live coordinator of a list),
 //!   shuffle registration on servers, commit, cleanup and heartbeats.
 //! - [`writer`]: [`ShuffleWriter`] batches records per partition, pushes merged frames per
-//!   server with bounded in-flight bytes, retries `Busy`, ends with `MapperEnd`.
+//!   server with bounded in-flight bytes, retries `Busy`, goes on with the other copy when a
+//!   server of a replicated shuffle fails, ends with `MapperEnd`.
 //! - [`reader`]: [`PartitionReader`] opens a stream for (partition, map range), prefetches
 //!   chunks, verifies every batch's CRC32C, keeps committed attempts only, drops duplicates and
 //!   reports any missing batch as data loss.
