@@ -30,7 +30,9 @@ import scala.reflect.ClassTag$;
  * A map task's writer. Records (combined first when the dependency asks for map-side combine) are
  * serialized with the dependency's serializer into one buffer per reduce partition. A buffer is sent
  * as one batch once it reaches {@code spark.sluice.writer.partitionBufferBytes}, or earlier, largest
- * first, when all buffers together pass {@code spark.sluice.writer.bufferBytes}. Each batch is a
+ * first, when all buffers together hold more than {@code spark.sluice.writer.bufferBytes} or more
+ * than the task's memory manager grants them ({@link WriterMemory}: the buffers are execution
+ * memory of the task, and another consumer's need makes the writer send them). Each batch is a
  * self-contained serialization stream, compressed (and encrypted) the way Spark compresses shuffle
  * blocks, so a reader can decode any subset of batches in any order.
  *
@@ -57,6 +59,7 @@ final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
   private ShuffleGeneration generation;
   private ShuffleWriterClient client;
   private RecordBuffers buffers;
+  private WriterMemory memory;
   private boolean stopping;
 
   SluiceShuffleWriter(SluiceShuffleHandle<K, V, C> handle, TaskContext context,
@@ -95,10 +98,27 @@ final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
     client = new ShuffleWriterClient(factory, conf.client(), handle.appId(),
         generation.wireShuffleId(), mapIndex(), attemptId(), generation.assignment());
     buffers = RecordBuffers.create(dep.serializer(), numPartitions);
+    memory = new WriterMemory(context.taskMemoryManager(), new WriterMemory.Buffers() {
+      @Override
+      public long heldBytes() {
+        return buffers.heldBytes();
+      }
+
+      @Override
+      public void shrinkTo(long target) throws IOException {
+        SluiceShuffleWriter.this.shrinkTo(target);
+      }
+    }, conf.partitionBufferBytes());
     try {
       writeRecords(records);
     } catch (SluiceException e) {
       throw onPushFailure(e);
+    } finally {
+      if (memory.spilledBytes() > 0) {
+        LOG.debug("Map {} attempt {}: sent {} buffered bytes early for other consumers", mapIndex(),
+            attemptId(), memory.spilledBytes());
+      }
+      memory.releaseAll();
     }
   }
 
@@ -154,30 +174,46 @@ final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
       int buffered = buffers.write(partition, record._1(), record._2());
       metrics.incRecordsWritten(1);
       if (buffered >= conf.partitionBufferBytes()) {
-        flush(partition);
+        flush(partition, false); // a full partition keeps its array: it fills again soon
       }
-      if (buffers.totalBytes() > conf.writerBufferBytes()) {
+      if (buffers.heldBytes() > conf.writerBufferBytes()) {
         // Send the largest until half the budget is free, so the scan over partitions is amortized.
-        while (buffers.totalBytes() > conf.writerBufferBytes() / 2) {
-          flush(buffers.largest());
-        }
+        shrinkTo(conf.writerBufferBytes() / 2);
+        memory.trim();
       }
+      memory.cover();
     }
     for (int p = 0; p < numPartitions; p++) {
       if (buffers.bytes(p) > 0) {
-        flush(p);
+        flush(p, true);
       }
     }
     buffers.release();
   }
 
-  /** Compresses partition {@code p}'s buffered records into one batch and hands it to the client. */
-  private void flush(int p) throws IOException {
+  /**
+   * Sends buffers, largest first, and drops their arrays (and those of empty buffers) until at
+   * most {@code target} bytes are held.
+   */
+  private void shrinkTo(long target) throws IOException {
+    if (buffers.heldBytes() > target) {
+      buffers.releaseEmpty();
+    }
+    while (buffers.heldBytes() > target && buffers.totalBytes() > 0) {
+      flush(buffers.largest(), true);
+    }
+  }
+
+  /**
+   * Compresses partition {@code p}'s buffered records into one batch and hands it to the client;
+   * {@code release} drops the partition's array afterwards.
+   */
+  private void flush(int p, boolean release) throws IOException {
     ByteArrayBuffer compressed = buffers.compressionScratch();
     compressed.reset();
     ShuffleBlockId blockId = new ShuffleBlockId(dep.shuffleId(), context.taskAttemptId(), p);
     try (OutputStream out = serializerManager.wrapStream(blockId, compressed)) {
-      buffers.drainTo(p, out);
+      buffers.drainTo(p, out, release);
     }
     long start = System.nanoTime();
     // The client copies the bytes into its per-server frame, so the scratch buffer is reused.
@@ -215,6 +251,9 @@ final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
       if (buffers != null) {
         buffers.release();
       }
+      if (memory != null) {
+        memory.releaseAll();
+      }
       if (!success) {
         LOG.debug("Map {} attempt {} of {} stopped without success", mapIndex(), attemptId(),
             generation);
@@ -240,6 +279,8 @@ final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
     protected final ByteArrayBuffer[] buffers;
     private final ByteArrayBuffer compressionScratch = new ByteArrayBuffer(64 << 10);
     private long totalBytes;
+    /** Capacity of the per-partition arrays: the heap they hold, whatever their content. */
+    private long heldBytes;
 
     RecordBuffers(SerializerInstance serializer, int numPartitions) {
       this.serializer = serializer;
@@ -256,13 +297,17 @@ final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
     /** Appends one record to partition {@code p}; returns the partition's buffered bytes. */
     final int write(int p, Object key, Object value) {
       ByteArrayBuffer b = buffers[p];
+      int capacityBefore = 0;
       if (b == null) {
         b = new ByteArrayBuffer(1024);
         buffers[p] = b;
+      } else {
+        capacityBefore = b.capacity();
       }
       int before = b.size();
       append(p, b, key, value);
       totalBytes += b.size() - before;
+      heldBytes += b.capacity() - capacityBefore;
       return b.size();
     }
 
@@ -270,11 +315,36 @@ final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
 
     /** Completes partition {@code p}'s stream, writes it to {@code out} and empties the buffer. */
     final void drainTo(int p, OutputStream out) throws IOException {
+      drainTo(p, out, false);
+    }
+
+    /** As {@link #drainTo(int, OutputStream)}; {@code release} also drops the partition's array. */
+    final void drainTo(int p, OutputStream out, boolean release) throws IOException {
       finishStream(p);
       ByteArrayBuffer b = buffers[p];
       out.write(b.array(), 0, b.size());
       totalBytes -= b.size();
       b.reset();
+      if (release) {
+        heldBytes -= b.capacity();
+        buffers[p] = null;
+      }
+    }
+
+    /** Drops the arrays of partitions with nothing buffered. */
+    final void releaseEmpty() {
+      for (int p = 0; p < buffers.length; p++) {
+        ByteArrayBuffer b = buffers[p];
+        if (b != null && b.size() == 0) {
+          finishStream(p);
+          heldBytes -= b.capacity();
+          buffers[p] = null;
+        }
+      }
+    }
+
+    final long heldBytes() {
+      return heldBytes;
     }
 
     void finishStream(int p) {}
@@ -305,6 +375,7 @@ final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
     void release() {
       java.util.Arrays.fill(buffers, null);
       totalBytes = 0;
+      heldBytes = 0;
     }
   }
 

@@ -20,7 +20,7 @@ import scala.Tuple2;
  * <tr><td>spark.sluice.replication</td><td>1</td><td>copies of each partition: 1, or 2 to survive a lost server</td></tr>
  * <tr><td>spark.sluice.app.heartbeatIntervalMs</td><td>10000</td><td>how often the driver tells the coordinator the application is alive</td></tr>
  * <tr><td>spark.sluice.writer.partitionBufferBytes</td><td>256k</td><td>a map task sends a partition's records as one batch once this many serialized bytes are buffered</td></tr>
- * <tr><td>spark.sluice.writer.bufferBytes</td><td>32m</td><td>bytes a map task buffers over all partitions before it sends the largest ones early</td></tr>
+ * <tr><td>spark.sluice.writer.bufferBytes</td><td>32m</td><td>bytes a map task buffers over all partitions (array capacity) before it sends the largest ones early; below it the task memory manager decides (see WriterMemory)</td></tr>
  * </table>
  */
 public final class SluiceSparkConf {
