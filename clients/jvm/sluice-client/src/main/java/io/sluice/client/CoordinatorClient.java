@@ -105,13 +105,34 @@ public final class CoordinatorClient {
   /**
    * Commits the shuffle on every server of the assignment and returns the bytes stored per
    * partition (batch headers included). With replication a partition is reported by two servers;
-   * the larger report counts.
+   * the larger report counts, and a server that fails (see {@link
+   * SluiceException#isServerFailure()}) is tolerated as long as every partition has a server that
+   * committed: writers went on with the other copy, readers read it. Otherwise the failure is
+   * thrown.
    */
   public long[] commitShuffle(String appId, ShuffleAssignment a) {
     long[] sizes = new long[a.numPartitions()];
-    for (Message m : onAllServers(a.servers(), new CommitShuffle(appId, a.shuffleId()))) {
-      if (!(m instanceof CommitResult r)) {
-        throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION, "expected CommitResult, got " + m);
+    boolean replicated = false;
+    for (int p = 0; p < a.numPartitions(); p++) {
+      replicated |= a.replicaIndex(p) >= 0;
+    }
+    List<Answer> answers = answersOfAllServers(a.servers(),
+        new CommitShuffle(appId, a.shuffleId()));
+    SluiceException[] failed = new SluiceException[answers.size()];
+    for (int s = 0; s < answers.size(); s++) {
+      Answer answer = answers.get(s);
+      if (answer.failure() != null) {
+        if (!(replicated && answer.failure().isServerFailure())) {
+          throw answer.failure();
+        }
+        LOG.warn("Commit of shuffle {} failed on {} ({}); its partitions' other copies count",
+            a.shuffleId(), a.servers().get(s).hostPort(), answer.failure().getMessage());
+        failed[s] = answer.failure();
+        continue;
+      }
+      if (!(answer.message() instanceof CommitResult r)) {
+        throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION,
+            "expected CommitResult, got " + answer.message());
       }
       for (CommitResult.PartitionSize ps : r.partitions()) {
         int p = ps.partition();
@@ -120,6 +141,22 @@ public final class CoordinatorClient {
               "CommitResult names partition " + Integer.toUnsignedString(p));
         }
         sizes[p] = Math.max(sizes[p], ps.bytes());
+      }
+    }
+    for (int p = 0; p < a.numPartitions(); p++) {
+      StringBuilder failures = new StringBuilder();
+      SluiceException last = null;
+      for (int s : a.serverIndexes(p)) {
+        if (failed[s] == null) {
+          last = null;
+          break;
+        }
+        last = failed[s];
+        failures.append(failures.length() > 0 ? "; " : "")
+            .append(a.servers().get(s).hostPort()).append(": ").append(last.getMessage());
+      }
+      if (last != null) {
+        throw SluiceException.copiesLost(p, failures.toString(), last);
       }
     }
     return sizes;
@@ -164,6 +201,22 @@ public final class CoordinatorClient {
 
   /** Sends {@code msg} to every server at once and waits for all answers, retrying each. */
   private List<Message> onAllServers(Collection<ShuffleAssignment.Server> servers, Message msg) {
+    List<Message> out = new ArrayList<>();
+    for (Answer a : answersOfAllServers(servers, msg)) {
+      if (a.failure() != null) {
+        throw a.failure();
+      }
+      out.add(a.message());
+    }
+    return out;
+  }
+
+  /** One server's answer to a request, or why there is none. */
+  private record Answer(Message message, SluiceException failure) {}
+
+  /** Sends {@code msg} to every server at once; per server, in order, its answer or failure. */
+  private List<Answer> answersOfAllServers(Collection<ShuffleAssignment.Server> servers,
+      Message msg) {
     List<CompletableFuture<Message>> futures = new ArrayList<>();
     for (ShuffleAssignment.Server s : servers) {
       CompletableFuture<Message> f;
@@ -174,17 +227,21 @@ public final class CoordinatorClient {
       }
       futures.add(f);
     }
-    List<Message> out = new ArrayList<>();
+    List<Answer> out = new ArrayList<>();
     int i = 0;
     for (ShuffleAssignment.Server s : servers) {
       CompletableFuture<Message> f = futures.get(i++);
       try {
-        out.add(TransportClient.await(f));
-      } catch (SluiceException e) {
-        if (!e.isRetriable()) {
-          throw e;
+        try {
+          out.add(new Answer(TransportClient.await(f), null));
+        } catch (SluiceException e) {
+          if (!e.isRetriable()) {
+            throw e;
+          }
+          out.add(new Answer(factory.callWithRetries(s, msg, 1), null));
         }
-        out.add(factory.callWithRetries(s, msg, 1));
+      } catch (SluiceException e) {
+        out.add(new Answer(null, e));
       }
     }
     return out;

@@ -36,7 +36,10 @@ import org.slf4j.LoggerFactory;
  *
  * <p>When the server fails (a lost connection or a retriable error) the reader re-opens the stream
  * on the replica (or the same server) and starts over, keeping the batches already handed out in
- * its duplicate filter, up to {@code maxRetries} times.
+ * its duplicate filter, up to {@code maxRetries} times. A server whose copy is incomplete ({@code
+ * DATA_LOST}: for instance a map's writer gave up on it part-way, so it has no MapperEnd of that
+ * map) is not read again: the reader goes on with the partition's other copy, and throws {@code
+ * DATA_LOST} when there is none.
  *
  * <p>Ownership: a buffer returned by {@link #next()} is a slice of a fetched chunk, valid until the
  * next call to {@link #hasNext()}, {@link #next()} or {@link #close()}; retain it to keep it longer.
@@ -78,6 +81,8 @@ public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseab
   private final ArrayDeque<ByteBuf> ready = new ArrayDeque<>();
   private int failovers;
   private int serverTurn;
+  /** Positions in {@code servers} whose copy answered DATA_LOST: not read again. */
+  private final BitSet incompleteCopies = new BitSet();
   private boolean done;
   private boolean closed;
 
@@ -120,16 +125,22 @@ public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseab
       try {
         step();
       } catch (SluiceException e) {
-        if (!(e.isRetriable() || e.isConnectionFailure()) || failovers >= conf.maxRetries()) {
+        boolean incomplete = e.code() == ErrorCode.DATA_LOST;
+        if (incomplete) {
+          incompleteCopies.set(serverTurn % servers.length);
+        }
+        if (!(incomplete || e.isRetriable() || e.isConnectionFailure())
+            || failovers >= conf.maxRetries() || !nextServer()) {
           close();
           throw e;
         }
         failovers++;
         abandonStream();
-        serverTurn++;
         LOG.warn("reading shuffle {} partition {} failed ({}); re-opening on {} (retry {})",
             shuffleId, partition, e.getMessage(), server().hostPort(), failovers);
-        CoordinatorClient.sleep(conf.retryWaitMs(failovers));
+        if (!incomplete) {
+          CoordinatorClient.sleep(conf.retryWaitMs(failovers));
+        }
       }
     }
     if (ready.isEmpty()) {
@@ -153,6 +164,20 @@ public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseab
 
   private ShuffleAssignment.Server server() {
     return assignment.servers().get(servers[serverTurn % servers.length]);
+  }
+
+  /**
+   * Moves to the next server holding the partition (the same one when it is the only one) whose
+   * copy is not known to be incomplete; false when none is left.
+   */
+  private boolean nextServer() {
+    for (int step = 1; step <= servers.length; step++) {
+      if (!incompleteCopies.get((serverTurn + step) % servers.length)) {
+        serverTurn += step;
+        return true;
+      }
+    }
+    return false;
   }
 
   /** Opens the stream, or takes in the next chunk, or finishes. */

@@ -18,6 +18,7 @@ import io.sluice.protocol.PushMerged;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -26,6 +27,8 @@ import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.Condition;
 import java.util.concurrent.locks.ReentrantLock;
 import java.util.function.BooleanSupplier;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * Pushes one map attempt's output. Each {@link #addBatch} call is one batch (the caller has made
@@ -40,13 +43,23 @@ import java.util.function.BooleanSupplier;
  * resent up to {@code maxRetries} times. Retries are sent from the writer's own thread, never from
  * an event loop. Any other failure surfaces from the next call as a {@link SluiceException}.
  *
+ * <p>With replication, a server that fails for good (retries exhausted or a lost connection: see
+ * {@link SluiceException#isServerFailure()}) is given up for the rest of the attempt: a warning is
+ * logged, later batches go to the other copy of its partitions only, and it gets no {@code
+ * MapperEnd}, so its partial copy of this map is never served as complete (it answers {@code
+ * DATA_LOST}; readers fail over). The attempt fails only when a partition it wrote has lost both
+ * servers. A refusal (say {@code SHUFFLE_COMMITTED}) still fails the attempt.
+ *
  * <p>{@link #finish()} waits for every acknowledgement, sends {@code MapperEnd} with the per-partition
- * batch counts to every server of the assignment and returns the bytes pushed per partition.
+ * batch counts to every server of the assignment it has not given up on (a {@code MapperEnd} that
+ * fails is one more server given up on) and returns the bytes pushed per partition.
  * {@link #close()} releases everything (and abandons the attempt when not finished).
  *
  * <p>One writer per map task; not thread-safe.
  */
 public final class ShuffleWriterClient implements AutoCloseable {
+  private static final Logger LOG = LoggerFactory.getLogger(ShuffleWriterClient.class);
+
   private final TransportClientFactory factory;
   private final SluiceConf conf;
   private final String appId;
@@ -60,6 +73,8 @@ public final class ShuffleWriterClient implements AutoCloseable {
   private final long[] bytesPushed;
   private final ServerBuffer[] buffers;
   private final int maxBatchPayload;
+  /** Whether some partition has a replica: only then does the writer give up on a server. */
+  private final boolean replicated;
 
   private final ReentrantLock lock = new ReentrantLock();
   private final Condition changed = lock.newCondition();
@@ -68,6 +83,11 @@ public final class ShuffleWriterClient implements AutoCloseable {
   private final ArrayDeque<PushTask> retries = new ArrayDeque<>();
   private SluiceException failure;
   private boolean closed;
+  // Guarded by lock: per server, why the writer gave up on it (null while live); how many it gave
+  // up on, and how many of those the writer thread has checked its partitions' copies against.
+  private final SluiceException[] givenUp;
+  private int givenUpCount;
+  private int givenUpChecked;
 
   private boolean finished;
   private long blockedNanos;
@@ -113,6 +133,12 @@ public final class ShuffleWriterClient implements AutoCloseable {
     for (int i = 0; i < buffers.length; i++) {
       buffers[i] = new ServerBuffer();
     }
+    this.givenUp = new SluiceException[buffers.length];
+    boolean anyReplica = false;
+    for (int p = 0; p < assignment.numPartitions(); p++) {
+      anyReplica |= assignment.replicaIndex(p) >= 0;
+    }
+    this.replicated = anyReplica;
     // A batch alone must fit one frame: header, the fields of a one-section PushMerged, batch header.
     int overhead = FrameHeader.HEADER_BYTES + 2 + appId.getBytes(StandardCharsets.UTF_8).length
         + 8 + 12 + Batch.HEADER_BYTES;
@@ -130,7 +156,8 @@ public final class ShuffleWriterClient implements AutoCloseable {
    * @param payload the batch's bytes (its readable bytes); copied, not retained or released: the
    *     caller keeps ownership
    * @throws SluiceException {@code INVALID_REQUEST} for a bad partition or a batch too large for a
-   *     frame, or the first non-retriable failure of an earlier push
+   *     frame, the first non-retriable failure of an earlier push, or (with replication) the loss
+   *     of both servers of a partition written to
    */
   public void addBatch(int partition, ByteBuf payload) {
     checkOpen();
@@ -144,6 +171,7 @@ public final class ShuffleWriterClient implements AutoCloseable {
       throw new SluiceException(ErrorCode.INVALID_REQUEST, "batch of " + len
           + " bytes does not fit a frame of " + conf.maxFrameBytes() + " bytes");
     }
+    int[] servers = liveServers(partition);
     int size = Batch.HEADER_BYTES + len;
     ByteBuf batch = alloc.directBuffer(size, size);
     Batch.header(mapId, attemptId, batchCounts[partition], payload).write(batch);
@@ -151,7 +179,6 @@ public final class ShuffleWriterClient implements AutoCloseable {
     batchCounts[partition]++;
     bytesPushed[partition] += size;
 
-    int[] servers = assignment.serverIndexes(partition);
     for (int i = 0; i < servers.length; i++) {
       ServerBuffer sb = buffers[servers[i]];
       if (sb.bytes > 0 && (long) sb.bytes + size > conf.pushBatchBytes()) {
@@ -167,10 +194,53 @@ public final class ShuffleWriterClient implements AutoCloseable {
     }
   }
 
+  /**
+   * The servers of {@code partition} the writer has not given up on (primary first); throws when
+   * none is left.
+   */
+  private int[] liveServers(int partition) {
+    int[] all = assignment.serverIndexes(partition);
+    lock.lock();
+    try {
+      int live = 0;
+      for (int s : all) {
+        if (givenUp[s] == null) {
+          all[live++] = s;
+        }
+      }
+      if (live == 0) {
+        failure = copiesLostLocked(partition);
+        throwIfFailedLocked();
+      }
+      return Arrays.copyOf(all, live);
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  private boolean isGivenUp(int s) {
+    lock.lock();
+    try {
+      return givenUp[s] != null;
+    } finally {
+      lock.unlock();
+    }
+  }
+
   /** Sends what is buffered for server {@code s} as one PushMerged frame. */
   private void flush(int s) {
     ServerBuffer sb = buffers[s];
     if (sb.bytes == 0) {
+      return;
+    }
+    if (isGivenUp(s)) {
+      // Buffered before the writer gave up on s: dropped, the other copy has them.
+      for (List<ByteBuf> l : sb.partitions.values()) {
+        l.forEach(ByteBuf::release);
+      }
+      sb.partitions.clear();
+      sb.bytes = 0;
+      sb.batches = 0;
       return;
     }
     CompositeByteBuf body = alloc.compositeDirectBuffer(Math.max(2, sb.batches));
@@ -306,7 +376,7 @@ public final class ShuffleWriterClient implements AutoCloseable {
     }
     lock.lock();
     try {
-      if (closed) {
+      if (closed || givenUp[task.server] != null) {
         doneLocked(task);
       } else if (err != null) {
         SluiceException e = SluiceException.of(err);
@@ -344,10 +414,49 @@ public final class ShuffleWriterClient implements AutoCloseable {
   }
 
   private void failLocked(PushTask task, SluiceException e) {
-    if (failure == null) {
+    doneLocked(task);
+    if (replicated && e.isServerFailure()) {
+      giveUpLocked(task.server, e);
+    } else if (failure == null) {
       failure = e;
     }
-    doneLocked(task);
+  }
+
+  /**
+   * Server {@code s} failed for good: no more pushes or MapperEnd to it. Whether every partition
+   * written so far keeps a live copy is checked by the writer thread ({@link
+   * #throwIfFailedLocked}), which owns the batch counts. Lock held.
+   */
+  private void giveUpLocked(int s, SluiceException e) {
+    if (givenUp[s] != null) {
+      return;
+    }
+    givenUp[s] = e;
+    givenUpCount++;
+    LOG.warn("Shuffle {} map {} attempt {}: server {} failed ({}); going on with the other copy "
+        + "of its partitions", shuffleId, mapId, attemptId,
+        assignment.servers().get(s).hostPort(), e.getMessage());
+    for (var it = retries.iterator(); it.hasNext(); ) {
+      PushTask t = it.next();
+      if (t.server == s) {
+        it.remove();
+        doneLocked(t);
+      }
+    }
+  }
+
+  /** The failure for a partition whose servers were all given up on. Lock held. */
+  private SluiceException copiesLostLocked(int partition) {
+    StringBuilder failures = new StringBuilder();
+    SluiceException last = null;
+    for (int s : assignment.serverIndexes(partition)) {
+      if (givenUp[s] != null) {
+        last = givenUp[s];
+        failures.append(failures.length() > 0 ? "; " : "")
+            .append(assignment.servers().get(s).hostPort()).append(": ").append(last.getMessage());
+      }
+    }
+    return SluiceException.copiesLost(partition, failures.toString(), last);
   }
 
   private void doneLocked(PushTask task) {
@@ -364,7 +473,22 @@ public final class ShuffleWriterClient implements AutoCloseable {
     }
   }
 
+  /** Throws the attempt's failure, if any. Writer thread, lock held. */
   private void throwIfFailedLocked() {
+    if (failure == null && givenUpChecked != givenUpCount) {
+      givenUpChecked = givenUpCount;
+      for (int p = 0; p < batchCounts.length && failure == null; p++) {
+        if (batchCounts[p] > 0) {
+          boolean live = false;
+          for (int s : assignment.serverIndexes(p)) {
+            live |= givenUp[s] == null;
+          }
+          if (!live) {
+            failure = copiesLostLocked(p);
+          }
+        }
+      }
+    }
     if (failure != null) {
       throw new SluiceException(failure.code(), "push of shuffle " + shuffleId + " map " + mapId
           + " attempt " + attemptId + " failed: " + failure.getMessage(), failure);
@@ -379,7 +503,7 @@ public final class ShuffleWriterClient implements AutoCloseable {
 
   /**
    * Sends what is buffered, waits for every acknowledgement, then reports the attempt with
-   * {@code MapperEnd} to every server of the assignment.
+   * {@code MapperEnd} to every server of the assignment it has not given up on.
    *
    * @return bytes pushed per partition (batch headers included, each batch counted once even
    *     when replicated)
@@ -391,6 +515,12 @@ public final class ShuffleWriterClient implements AutoCloseable {
     }
     drain();
     List<ShuffleAssignment.Server> servers = assignment.servers();
+    boolean[] live = new boolean[servers.size()];
+    for (int s = 0; s < live.length; s++) {
+      live[s] = !isGivenUp(s);
+    }
+    // A live server holds every batch of its partitions: each push to it was acknowledged, or
+    // the writer would have given up on it.
     List<List<MapperEnd.BatchCount>> counts = new ArrayList<>();
     for (int s = 0; s < servers.size(); s++) {
       counts.add(new ArrayList<>());
@@ -404,6 +534,10 @@ public final class ShuffleWriterClient implements AutoCloseable {
     }
     List<CompletableFuture<Message>> answers = new ArrayList<>();
     for (int s = 0; s < servers.size(); s++) {
+      if (!live[s]) {
+        answers.add(null);
+        continue;
+      }
       MapperEnd end = new MapperEnd(appId, shuffleId, mapId, attemptId, counts.get(s));
       CompletableFuture<Message> f;
       try {
@@ -414,15 +548,24 @@ public final class ShuffleWriterClient implements AutoCloseable {
       answers.add(f);
     }
     for (int s = 0; s < servers.size(); s++) {
+      if (!live[s]) {
+        continue;
+      }
       Message m;
       try {
-        m = TransportClient.await(answers.get(s));
+        m = mapperEndAnswer(s, answers.get(s), counts.get(s));
       } catch (SluiceException e) {
-        if (!e.isRetriable()) {
+        if (!(replicated && e.isServerFailure())) {
           throw e;
         }
-        m = factory.callWithRetries(servers.get(s),
-            new MapperEnd(appId, shuffleId, mapId, attemptId, counts.get(s)), 1);
+        // Like a failed push: tolerated while each partition with data has its other copy.
+        lock.lock();
+        try {
+          giveUpLocked(s, e);
+        } finally {
+          lock.unlock();
+        }
+        continue;
       }
       if (!(m instanceof MapperEndResult r)) {
         throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION,
@@ -430,8 +573,23 @@ public final class ShuffleWriterClient implements AutoCloseable {
       }
       winningAttempt = r.winningAttempt();
     }
+    throwIfFailed();
     finished = true;
     return bytesPushed.clone();
+  }
+
+  /** The answer to the MapperEnd sent to server {@code s}, retrying a retriable failure. */
+  private Message mapperEndAnswer(int s, CompletableFuture<Message> answer,
+      List<MapperEnd.BatchCount> counts) {
+    try {
+      return TransportClient.await(answer);
+    } catch (SluiceException e) {
+      if (!e.isRetriable()) {
+        throw e;
+      }
+      return factory.callWithRetries(assignment.servers().get(s),
+          new MapperEnd(appId, shuffleId, mapId, attemptId, counts), 1);
+    }
   }
 
   /** The winning attempt of this map as the servers reported it ({@code -1} before finish). */

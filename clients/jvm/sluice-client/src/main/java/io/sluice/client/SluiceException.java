@@ -50,6 +50,25 @@ public class SluiceException extends RuntimeException {
     return connectionFailure;
   }
 
+  /**
+   * Whether this failure of a request that retries could not cure is the <em>server's</em> (it is
+   * unreachable, stopping, or its storage failed) rather than the request's (an unknown or
+   * committed shuffle, an invalid or oversized request), which would fail on every server alike.
+   * A writer of a replicated shuffle gives up on such a server and goes on with the other copy.
+   */
+  public boolean isServerFailure() {
+    return connectionFailure || code.isRetriable() || code == ErrorCode.STORAGE_UNAVAILABLE;
+  }
+
+  /**
+   * Every server holding {@code partition} failed; {@code last} is the last failure, whose code
+   * (and connection-failure flag) the result keeps.
+   */
+  static SluiceException copiesLost(int partition, String failures, SluiceException last) {
+    return new SluiceException(last.code, "partition " + partition + " has no live copy left: "
+        + failures, last, last.connectionFailure);
+  }
+
   /** {@code t} as a SluiceException: itself, its cause, or wrapped as {@code INTERNAL}. */
   public static SluiceException of(Throwable t) {
     Throwable c = t;

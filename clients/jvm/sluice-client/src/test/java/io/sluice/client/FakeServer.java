@@ -64,6 +64,8 @@ final class FakeServer implements AutoCloseable {
   final Set<Channel> channels = ConcurrentHashMap.newKeySet();
   final AtomicInteger accepted = new AtomicInteger();
   final AtomicInteger requests = new AtomicInteger();
+  /** OpenStreams answered DATA_LOST because a map of the range has no MapperEnd here. */
+  final AtomicInteger incompleteCopyAnswers = new AtomicInteger();
 
   // Knobs.
   volatile int maxFrameBytes = FrameHeader.DEFAULT_MAX_FRAME_BYTES;
@@ -83,6 +85,8 @@ final class FakeServer implements AutoCloseable {
 
   // Shuffle state.
   final Map<Integer, Assignment> assignments = new ConcurrentHashMap<>();
+  /** shuffle → maps, for shuffles registered on this server (as a shuffle server). */
+  final Map<Integer, Integer> numMaps = new ConcurrentHashMap<>();
   /** shuffle → partition → pushed sections (whole batches), in arrival order. */
   final Map<Integer, Map<Integer, List<byte[]>>> data = new ConcurrentHashMap<>();
   /** shuffle → map → winning attempt. */
@@ -209,6 +213,7 @@ final class FakeServer implements AutoCloseable {
       return new Object[] {Pong.INSTANCE, null};
     } else if (m instanceof RegisterShuffle r) {
       if (assignServers.isEmpty()) {
+        numMaps.put(r.shuffleId(), r.numMaps());
         return new Object[] {Ok.INSTANCE, null};
       }
       int n = assignServers.size();
@@ -253,6 +258,17 @@ final class FakeServer implements AutoCloseable {
           new CommitResult.PartitionSize(p, sections.stream().mapToLong(b -> b.length).sum())));
       return new Object[] {new CommitResult(c.shuffleId(), sizes), null};
     } else if (m instanceof OpenStream o) {
+      // As the real server: a map of the range with no MapperEnd here means this copy is
+      // incomplete (known only for shuffles registered on this server).
+      int maps = numMaps.getOrDefault(o.shuffleId(), 0);
+      Map<Integer, Integer> ended = winners.getOrDefault(o.shuffleId(), Map.of());
+      for (int map = o.mapStart(); map < Math.min(o.mapEnd(), maps); map++) {
+        if (!ended.containsKey(map)) {
+          incompleteCopyAnswers.incrementAndGet();
+          return new Object[] {ErrorMessage.of(ErrorCode.DATA_LOST, "map " + map
+              + " has no MapperEnd on this server"), null};
+        }
+      }
       List<byte[]> chunks = new ArrayList<>(
           data.getOrDefault(o.shuffleId(), Map.of()).getOrDefault(o.partitionId(), List.of()));
       if (dropOneBatchPerStream && !chunks.isEmpty()) {

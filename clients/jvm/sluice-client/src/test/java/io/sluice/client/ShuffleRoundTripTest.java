@@ -8,7 +8,10 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.netty.buffer.ByteBuf;
 import io.sluice.protocol.ErrorCode;
+import io.sluice.protocol.ErrorMessage;
 import io.sluice.protocol.MapperEnd;
+import io.sluice.protocol.MapperEndResult;
+import io.sluice.protocol.PushMerged;
 import java.io.ByteArrayInputStream;
 import java.io.ByteArrayOutputStream;
 import java.io.ObjectInputStream;
@@ -162,8 +165,8 @@ class ShuffleRoundTripTest {
   @Test
   void nonRetriableErrorSurfacesWithItsCode() {
     ShuffleAssignment a = coord.registerShuffle(APP, 1, 1, 2, 1);
-    s1.custom = f -> f.message() instanceof io.sluice.protocol.PushMerged
-        ? io.sluice.protocol.ErrorMessage.of(ErrorCode.SHUFFLE_COMMITTED, "too late") : null;
+    s1.custom = f -> f.message() instanceof PushMerged
+        ? ErrorMessage.of(ErrorCode.SHUFFLE_COMMITTED, "too late") : null;
     SluiceException e = assertThrows(SluiceException.class, () -> writeMap(a, 0, 0, 20, true));
     assertEquals(ErrorCode.SHUFFLE_COMMITTED, e.code());
     assertFalse(e.isRetriable());
@@ -231,6 +234,102 @@ class ShuffleRoundTripTest {
     s1.close();
     factory.conf();
     assertEquals(expected(0, new int[] {0, 1}, 0, 8), read(a, 0, 0, 2));
+  }
+
+  /** A replicated shuffle registered with the coordinator and on both servers. */
+  private ShuffleAssignment replicatedShuffle(int shuffleId, int maps, int partitions) {
+    ShuffleAssignment a = coord.registerShuffle(APP, shuffleId, maps, partitions, 2);
+    coord.registerShuffleOnServers(APP, a, maps, 2);
+    return a;
+  }
+
+  @Test
+  void readerFailsOverFromACopyWithoutMapperEnd() {
+    ShuffleAssignment a = replicatedShuffle(5, 2, 4);
+    writeMap(a, 0, 0, 6, true);
+    // s1 takes map 1's batches but not its MapperEnd (it answers as if it had recorded it).
+    s1.custom = f -> f.message() instanceof MapperEnd e && e.mapId() == 1
+        ? new MapperEndResult(e.attemptId()) : null;
+    writeMap(a, 1, 0, 6, true);
+    s1.custom = null;
+    coord.commitShuffle(APP, a);
+    for (int p = 0; p < 4; p++) {
+      assertEquals(expected(p, new int[] {0, 1}, 0, 6), read(a, p, 0, 2));
+    }
+    // s1 is the primary of partitions 0 and 2: it answered DATA_LOST, s2 was read.
+    assertEquals("s1", a.primary(0).serverId());
+    assertEquals(2, s1.incompleteCopyAnswers.get());
+    // Map 0 alone is complete on s1.
+    assertEquals(expected(0, new int[] {0}, 0, 6), read(a, 0, 0, 1));
+    assertEquals(2, s1.incompleteCopyAnswers.get());
+  }
+
+  @Test
+  void anIncompleteOnlyCopyIsDataLost() {
+    ShuffleAssignment a = coord.registerShuffle(APP, 6, 2, 2, 1);
+    coord.registerShuffleOnServers(APP, a, 2, 1);
+    writeMap(a, 0, 0, 3, true);
+    writeMap(a, 1, 0, 3, false); // pushes, never ends
+    coord.commitShuffle(APP, a);
+    SluiceException e = assertThrows(SluiceException.class, () -> read(a, 0, 0, 2));
+    assertEquals(ErrorCode.DATA_LOST, e.code());
+    assertTrue(e.getMessage().contains("map 1"), e.getMessage());
+  }
+
+  @Test
+  void replicatedWriterGoesOnWithoutALostServer() {
+    ShuffleAssignment a = replicatedShuffle(7, 1, 4);
+    try (ShuffleWriterClient w = new ShuffleWriterClient(factory, conf, APP, 7, 0, 0, a)) {
+      for (int i = 0; i < 20; i++) {
+        if (i == 10) {
+          s1.close();
+        }
+        for (int p = 0; p < 4; p++) {
+          w.addBatch(p, payload(0, 0, p, i).getBytes(StandardCharsets.UTF_8));
+        }
+      }
+      w.finish();
+    }
+    assertTrue(s1.mapperEnds.isEmpty(), "a MapperEnd reached the lost server");
+    assertEquals(1, s2.mapperEnds.size());
+    for (MapperEnd.BatchCount bc : s2.mapperEnds.get(0).batchCounts()) {
+      assertEquals(20, bc.batches());
+    }
+    assertEquals(4, s2.mapperEnds.get(0).batchCounts().size(), "s2 holds every partition");
+    long[] sizes = coord.commitShuffle(APP, a); // s1 is gone: its partitions' copies are on s2
+    for (int p = 0; p < 4; p++) {
+      assertTrue(sizes[p] > 0, "partition " + p);
+      assertEquals(expected(p, new int[] {0}, 0, 20), read(a, p, 0, 1));
+    }
+  }
+
+  @Test
+  void replicatedWriterFailsWhenAPartitionLosesBothServers() {
+    ShuffleAssignment a = replicatedShuffle(8, 1, 2);
+    SluiceException e = assertThrows(SluiceException.class, () -> {
+      try (ShuffleWriterClient w = new ShuffleWriterClient(factory, conf, APP, 8, 0, 0, a)) {
+        w.addBatch(0, new byte[100]);
+        s1.close();
+        s2.close();
+        for (int i = 0; i < 1000; i++) {
+          w.addBatch(i % 2, new byte[100]);
+        }
+        w.finish();
+      }
+    });
+    assertTrue(e.getMessage().contains("no live copy"), e.getMessage());
+    SluiceException c = assertThrows(SluiceException.class, () -> coord.commitShuffle(APP, a));
+    assertTrue(c.getMessage().contains("no live copy"), c.getMessage());
+  }
+
+  @Test
+  void aRefusalStillFailsAReplicatedWriter() {
+    ShuffleAssignment a = replicatedShuffle(9, 1, 2);
+    s1.custom = f -> f.message() instanceof PushMerged
+        ? ErrorMessage.of(ErrorCode.SHUFFLE_COMMITTED, "too late") : null;
+    SluiceException e = assertThrows(SluiceException.class, () -> writeMap(a, 0, 0, 20, true));
+    assertEquals(ErrorCode.SHUFFLE_COMMITTED, e.code());
+    assertFalse(e.getMessage().contains("no live copy"), e.getMessage());
   }
 
   @Test
