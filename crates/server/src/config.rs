@@ -32,6 +32,9 @@ pub struct ServerConfig {
     pub chunk_bytes: u64,
     /// Flusher threads per data directory.
     pub flushers_per_dir: usize,
+    /// Bytes of deleted shuffles' files each data directory keeps for reuse by new partition
+    /// files (0: delete them). Writing over a file's cached pages skips allocating new ones.
+    pub recycle_bytes_per_dir: u64,
     /// An application with no heartbeat for this long is expired and its data deleted, in ms.
     pub app_expiry_ms: u64,
     /// Coordinator addresses (`host:port`) to heartbeat to.
@@ -56,6 +59,7 @@ impl Default for ServerConfig {
             busy_backoff_ms: 50,
             chunk_bytes: 4 << 20,
             flushers_per_dir: 2,
+            recycle_bytes_per_dir: 2 << 30,
             app_expiry_ms: 120_000,
             coordinators: Vec::new(),
             heartbeat_interval_ms: 1_000,

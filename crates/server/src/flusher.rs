@@ -6,6 +6,9 @@
 //! error takes the directory out of service and the job is written again on another directory;
 //! only when no directory is left is the partition marked lost, so readers get `DATA_LOST`
 //! instead of silently missing data.
+//!
+//! Chunks start at 4 KiB-aligned offsets and each write is padded with zeros to a whole page, so
+//! writing into a recycled file (see `storage`) never has the kernel read a partial page first.
 
 use std::io::IoSlice;
 use std::sync::atomic::Ordering;
@@ -15,6 +18,15 @@ use crossbeam_channel::{Receiver, Sender};
 
 use crate::shuffle::{Buffered, Chunk, OpenFile, Partition, Shuffle};
 use crate::storage::{create_file, Storage};
+
+/// Chunks start at multiples of this (the page size).
+pub const CHUNK_ALIGN: u64 = 4096;
+static ZEROS: [u8; CHUNK_ALIGN as usize] = [0; CHUNK_ALIGN as usize];
+
+/// Bytes a chunk of `len` bytes takes in its file, padding included.
+pub fn padded_len(len: u64) -> u64 {
+    len.div_ceil(CHUNK_ALIGN) * CHUNK_ALIGN
+}
 
 /// One chunk to write.
 pub struct FlushJob {
@@ -85,7 +97,7 @@ impl Flushers {
         let data = std::mem::take(&mut p.buffer);
         let bytes = data.bytes;
         let offset = p.next_offset;
-        p.next_offset += bytes;
+        p.next_offset += padded_len(bytes);
         shuffle.inflight_flushes.fetch_add(1, Ordering::AcqRel);
         let job =
             FlushJob { shuffle: shuffle.clone(), partition: partition_id, data, target, offset };
@@ -110,10 +122,14 @@ fn open_next_file(
             return Err(std::io::Error::other("all data directories are out of service"));
         };
         let path = shuffle.file_path(&dir, partition_id, p.files_created);
-        match create_file(&path) {
+        let opened = match dir.take_recycled(&path) {
+            Some(file) => Ok(file),
+            None => create_file(&path).map(Arc::new),
+        };
+        match opened {
             Ok(file) => {
                 p.files_created += 1;
-                let f = OpenFile { file: Arc::new(file), dir, path };
+                let f = OpenFile { file, dir, path };
                 p.file = Some(f.clone());
                 p.next_offset = 0;
                 return Ok(f);
@@ -129,7 +145,16 @@ fn run_job(storage: &Storage, mut job: FlushJob) {
         if shuffle.deleted.load(Ordering::Acquire) {
             break;
         }
-        match write_all_at(&job.target.file, &job.data.slices, job.offset) {
+        let pad = (padded_len(job.data.bytes) - job.data.bytes) as usize;
+        let padding = bytes::Bytes::from_static(&ZEROS[..pad]);
+        let written = if pad == 0 {
+            write_all_at(&job.target.file, &job.data.slices, job.offset)
+        } else {
+            let mut slices = job.data.slices.clone();
+            slices.push(padding);
+            write_all_at(&job.target.file, &slices, job.offset)
+        };
+        match written {
             Ok(()) => {
                 let mut maps = std::mem::take(&mut job.data.maps);
                 maps.sort_unstable();
@@ -159,7 +184,7 @@ fn run_job(storage: &Storage, mut job: FlushJob) {
                 match retry {
                     Ok(f) => {
                         job.offset = p.next_offset;
-                        p.next_offset += job.data.bytes;
+                        p.next_offset += padded_len(job.data.bytes);
                         job.target = f;
                     }
                     Err(e2) => {
@@ -226,6 +251,14 @@ fn write_all_at(
 mod tests {
     use super::*;
     use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn chunks_are_page_aligned() {
+        assert_eq!(padded_len(0), 0);
+        assert_eq!(padded_len(1), 4096);
+        assert_eq!(padded_len(4096), 4096);
+        assert_eq!(padded_len(4097), 8192);
+    }
 
     #[test]
     fn pwritev_writes_every_slice_in_order() {

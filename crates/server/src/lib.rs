@@ -121,6 +121,8 @@ impl Server {
             ("sluice_server_sendfile_bytes_total", t.sendfile_bytes),
             ("sluice_server_writev_bytes_total", t.writev_bytes),
             ("sluice_server_copy_bytes_total", t.copy_bytes),
+            ("sluice_server_recycled_files_reused_total", state.storage.reused_files()),
+            ("sluice_server_recycle_pool_bytes", state.storage.pooled_bytes()),
         ])
     }
 }

@@ -127,9 +127,17 @@ impl Shuffle {
         dir.path.join(&self.rel_dir).join(format!("{partition}-{n}.data"))
     }
 
-    /// Deletes the shuffle's files from every data directory.
+    /// Deletes the shuffle's files from every data directory; each partition's current file is
+    /// offered to its directory's recycle pool first (see `storage`).
     pub fn delete_files(&self, dirs: &[Arc<DataDir>]) {
         self.deleted.store(true, Ordering::Release);
+        for p in &self.partitions {
+            let mut p = p.lock();
+            p.chunks.clear();
+            if let Some(OpenFile { file, dir, path }) = p.file.take() {
+                dir.recycle(file, &path);
+            }
+        }
         for d in dirs {
             let p = d.path.join(&self.rel_dir);
             match std::fs::remove_dir_all(&p) {

@@ -67,7 +67,7 @@ impl ServerState {
             config.busy_watermark,
             config.resume_watermark,
         );
-        let storage = Arc::new(Storage::open(&config.data_dirs));
+        let storage = Arc::new(Storage::open(&config.data_dirs, config.recycle_bytes_per_dir));
         let stats = Arc::new(Stats::default());
         let flushing_bytes = Arc::new(AtomicU64::new(0));
         let on_done = {

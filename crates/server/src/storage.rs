@@ -1,10 +1,28 @@
-//! Data directories: choice by free space, and taking a failing directory out of service.
+//! Data directories: choice by free space, taking a failing directory out of service, and the
+//! pool of recycled files.
+//!
+//! **Recycling.** When a shuffle is deleted, its partition files are not unlinked but moved to the
+//! directory's `.recycle/` pool (up to `recycle_bytes_per_dir`), and a new partition file is taken
+//! from the pool before one is created. Writing over a file whose pages are still in the page cache
+//! costs a copy, while writing a new file costs a fresh page per 4 KiB (allocation, zeroing, memory
+//! accounting) and a block allocation in the file system; on this project's VM fresh pages cost
+//! ~1.4 s/GB against ~0.25 s/GB for reused ones (docs/benchmarks.md). PostgreSQL and RocksDB
+//! recycle their log files for the same reasons. Flushes start at 4 KiB-aligned offsets and are
+//! padded to a whole page, so overwriting a recycled file never reads a partial page from disk.
+//! A recycled file is handed out only when no reader still holds it open. What lies past a new
+//! partition's data in a recycled file is stale and never served: reads go through the chunk
+//! index. The pool is emptied when the server starts.
 
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+/// Name of the pool directory inside each data directory.
+pub const RECYCLE_DIR: &str = ".recycle";
 
 /// One data directory.
 #[derive(Debug)]
@@ -13,6 +31,13 @@ pub struct DataDir {
     pub index: usize,
     pub path: PathBuf,
     failed: AtomicBool,
+    recycle_cap: u64,
+    /// Files of deleted shuffles waiting for reuse: handle, path in the pool, length.
+    pool: Mutex<Vec<(Arc<File>, PathBuf, u64)>>,
+    pool_bytes: AtomicU64,
+    next_pooled: AtomicU64,
+    /// Files taken from the pool for new partitions.
+    reused: AtomicU64,
 }
 
 impl DataDir {
@@ -38,6 +63,65 @@ impl DataDir {
     pub fn capacity_bytes(&self) -> u64 {
         rustix::fs::statvfs(&self.path).map(|s| s.f_blocks.saturating_mul(s.f_frsize)).unwrap_or(0)
     }
+
+    /// Offers a deleted shuffle's file (at `path`, open as `file`) to the pool. Returns whether it
+    /// was kept; if not, the caller deletes it with the rest of the shuffle's directory.
+    pub fn recycle(&self, file: Arc<File>, path: &Path) -> bool {
+        if self.recycle_cap == 0 || self.is_failed() {
+            return false;
+        }
+        let Ok(len) = file.metadata().map(|m| m.len()) else { return false };
+        if len == 0 {
+            return false;
+        }
+        let mut pool = self.pool.lock();
+        if self.pool_bytes.load(Ordering::Acquire) + len > self.recycle_cap {
+            return false;
+        }
+        let n = self.next_pooled.fetch_add(1, Ordering::Relaxed);
+        let to = self.path.join(RECYCLE_DIR).join(format!("{n}.recycled"));
+        if let Err(e) = std::fs::create_dir_all(self.path.join(RECYCLE_DIR))
+            .and_then(|()| std::fs::rename(path, &to))
+        {
+            tracing::debug!(path = %path.display(), error = %e, "not recycled");
+            return false;
+        }
+        self.pool_bytes.fetch_add(len, Ordering::AcqRel);
+        pool.push((file, to, len));
+        true
+    }
+
+    /// Takes a pooled file that nobody else holds open and moves it to `path`.
+    pub fn take_recycled(&self, path: &Path) -> Option<Arc<File>> {
+        let mut pool = self.pool.lock();
+        // Newest first: its pages are the likeliest to be still cached.
+        let i = pool.iter().rposition(|(f, _, _)| Arc::strong_count(f) == 1)?;
+        let (file, from, len) = pool.swap_remove(i);
+        self.pool_bytes.fetch_sub(len, Ordering::AcqRel);
+        drop(pool);
+        let moved = match path.parent() {
+            Some(parent) => std::fs::create_dir_all(parent),
+            None => Ok(()),
+        }
+        .and_then(|()| std::fs::rename(&from, path));
+        match moved {
+            Ok(()) => {
+                self.reused.fetch_add(1, Ordering::Relaxed);
+                Some(file)
+            }
+            Err(e) => {
+                tracing::warn!(from = %from.display(), to = %path.display(), error = %e,
+                    "cannot reuse a recycled file; deleting it");
+                let _ = std::fs::remove_file(&from);
+                None
+            }
+        }
+    }
+
+    /// Bytes in the recycle pool.
+    pub fn pooled_bytes(&self) -> u64 {
+        self.pool_bytes.load(Ordering::Acquire)
+    }
 }
 
 /// The server's data directories.
@@ -49,13 +133,28 @@ pub struct Storage {
 impl Storage {
     /// Creates (if needed) and probes every directory; a directory that cannot be written is
     /// taken out of service right away.
-    pub fn open(paths: &[PathBuf]) -> Storage {
+    /// Leftover recycled files of an earlier process are deleted.
+    pub fn open(paths: &[PathBuf], recycle_bytes_per_dir: u64) -> Storage {
         let dirs = paths
             .iter()
             .enumerate()
             .map(|(index, p)| {
-                let d =
-                    Arc::new(DataDir { index, path: p.clone(), failed: AtomicBool::new(false) });
+                let d = Arc::new(DataDir {
+                    index,
+                    path: p.clone(),
+                    failed: AtomicBool::new(false),
+                    recycle_cap: recycle_bytes_per_dir,
+                    pool: Mutex::new(Vec::new()),
+                    pool_bytes: AtomicU64::new(0),
+                    next_pooled: AtomicU64::new(0),
+                    reused: AtomicU64::new(0),
+                });
+                match std::fs::remove_dir_all(p.join(RECYCLE_DIR)) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                        tracing::warn!(dir = %p.display(), error = %e, "cannot empty the recycle pool")
+                    }
+                    _ => {}
+                }
                 if let Err(e) = probe(p) {
                     d.fail(&e);
                 }
@@ -93,6 +192,16 @@ impl Storage {
     pub fn capacity_bytes(&self) -> u64 {
         self.dirs.iter().filter(|d| !d.is_failed()).map(|d| d.capacity_bytes()).sum()
     }
+
+    /// Bytes in the recycle pools.
+    pub fn pooled_bytes(&self) -> u64 {
+        self.dirs.iter().map(|d| d.pooled_bytes()).sum()
+    }
+
+    /// Recycled files taken for new partitions so far.
+    pub fn reused_files(&self) -> u64 {
+        self.dirs.iter().map(|d| d.reused.load(Ordering::Relaxed)).sum()
+    }
 }
 
 fn probe(dir: &Path) -> io::Result<()> {
@@ -108,4 +217,51 @@ pub fn create_file(path: &Path) -> io::Result<File> {
         std::fs::create_dir_all(parent)?;
     }
     std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_with(dir: &Path, name: &str, len: usize) -> (Arc<File>, PathBuf) {
+        let p = dir.join(name);
+        std::fs::write(&p, vec![7u8; len]).unwrap();
+        (Arc::new(File::open(&p).unwrap()), p)
+    }
+
+    #[test]
+    fn pooled_files_go_out_only_when_nobody_holds_them_and_within_the_cap() {
+        let tmp = tempfile::tempdir().unwrap();
+        let storage = Storage::open(&[tmp.path().to_path_buf()], 10_000);
+        let dir = &storage.dirs()[0];
+        let (a, pa) = file_with(tmp.path(), "a.data", 4000);
+        let (b, pb) = file_with(tmp.path(), "b.data", 4000);
+        let (c, pc) = file_with(tmp.path(), "c.data", 4000);
+        let reader_of_a = a.clone(); // an open stream still sending from `a`
+        assert!(dir.recycle(a, &pa));
+        assert!(dir.recycle(b, &pb));
+        assert!(!dir.recycle(c, &pc), "over the 10 000-byte cap");
+        assert!(pc.exists() && !pa.exists() && !pb.exists());
+        assert_eq!(dir.pooled_bytes(), 8000);
+
+        // `b` is free; `a` is still open elsewhere, so it stays in the pool.
+        let to = tmp.path().join("app/1/0-0.data");
+        let got = dir.take_recycled(&to).expect("b is free");
+        assert!(to.exists());
+        assert_eq!(got.metadata().unwrap().len(), 4000);
+        assert!(dir.take_recycled(&tmp.path().join("x.data")).is_none(), "a is still held");
+        drop(reader_of_a);
+        assert!(dir.take_recycled(&tmp.path().join("y.data")).is_some());
+        assert_eq!(dir.pooled_bytes(), 0);
+        assert_eq!(storage.reused_files(), 2);
+    }
+
+    #[test]
+    fn a_zero_cap_keeps_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let storage = Storage::open(&[tmp.path().to_path_buf()], 0);
+        let (a, pa) = file_with(tmp.path(), "a.data", 100);
+        assert!(!storage.dirs()[0].recycle(a, &pa));
+        assert!(pa.exists(), "left for the caller to delete");
+    }
 }
