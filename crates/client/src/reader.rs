@@ -136,14 +136,27 @@ impl PartitionReader {
     }
 
     /// The next verified batch payload, or `None` at the end of the partition. At the end it
-    /// checks that every committed map delivered exactly the batches it reported.
+    /// checks that every committed map delivered exactly the batches it reported; batches missing
+    /// from one copy are read from the other (those already delivered are skipped by id).
     pub async fn next_batch(&mut self) -> Result<Option<Bytes>, ClientError> {
         loop {
             if let Some(b) = self.ready.pop_front() {
                 return Ok(Some(b));
             }
             let Some(fut) = self.inflight.pop_front() else {
-                return self.finish().await.map(|_| None);
+                if self.finished {
+                    return Ok(None);
+                }
+                match self.missing() {
+                    None => {
+                        self.finish().await;
+                        return Ok(None);
+                    }
+                    Some(e) => {
+                        self.fail_over(e).await?;
+                        continue;
+                    }
+                }
             };
             let chunk = match fut.await {
                 Ok(c) => c,
@@ -193,6 +206,7 @@ impl PartitionReader {
         self.current += 1;
         let next = self.candidates[self.current];
         tracing::warn!(from = %self.addr, to = %next, error = %err, "reading from the replica");
+        self.close_current();
         let handle = open_on(&self.client, next, &self.open_msg).await?;
         self.addr = next;
         self.stream_id = handle.stream_id;
@@ -203,26 +217,40 @@ impl PartitionReader {
         Ok(())
     }
 
-    async fn finish(&mut self) -> Result<(), ClientError> {
-        if self.finished {
-            return Ok(());
-        }
-        self.finished = true;
-        let _ =
-            self.client.request(self.addr, CloseStream { stream_id: self.stream_id }.into()).await;
+    /// `DATA_LOST` naming the first committed map whose batches are not all delivered, if any.
+    fn missing(&self) -> Option<ClientError> {
         let mut got: HashMap<u32, u32> = HashMap::new();
         for (m, _) in &self.seen {
             *got.entry(*m).or_default() += 1;
         }
-        for (m, (attempt, want)) in &self.committed {
+        let mut maps: Vec<_> = self.committed.iter().collect();
+        maps.sort_unstable();
+        maps.into_iter().find_map(|(m, (attempt, want))| {
             let have = got.get(m).copied().unwrap_or(0);
-            if have != *want {
-                return Err(ClientError::DataLost(format!(
-                    "map {m} attempt {attempt}: {have} of {want} batches found"
-                )));
-            }
+            (have != *want).then(|| {
+                ClientError::DataLost(format!(
+                    "map {m} attempt {attempt}: {have} of {want} batches found on {}",
+                    self.addr
+                ))
+            })
+        })
+    }
+
+    async fn finish(&mut self) {
+        self.finished = true;
+        let _ =
+            self.client.request(self.addr, CloseStream { stream_id: self.stream_id }.into()).await;
+    }
+
+    /// Closes the current server's stream in the background (best effort; the server also
+    /// drops it when idle).
+    fn close_current(&self) {
+        let (client, addr, stream_id) = (self.client.clone(), self.addr, self.stream_id);
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            h.spawn(async move {
+                let _ = client.request(addr, CloseStream { stream_id }.into()).await;
+            });
         }
-        Ok(())
     }
 }
 
@@ -231,12 +259,7 @@ impl Drop for PartitionReader {
         // Pending fetches are tasks; abort by dropping their futures. The server drops the
         // stream when the connection closes or on CloseStream; send it if still open.
         if !self.finished {
-            let (client, addr, stream_id) = (self.client.clone(), self.addr, self.stream_id);
-            if let Ok(h) = tokio::runtime::Handle::try_current() {
-                h.spawn(async move {
-                    let _ = client.request(addr, CloseStream { stream_id }.into()).await;
-                });
-            }
+            self.close_current();
         }
     }
 }

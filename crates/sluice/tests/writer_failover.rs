@@ -371,3 +371,55 @@ async fn losing_both_copies_is_a_clear_error() {
     })
     .await
 }
+
+/// A copy that has a map's `MapperEnd` but not all of its batches (a push lost between writer
+/// and server): the reader finds the gap at the end of the stream and reads the missing batches
+/// from the replica, delivering each record exactly once; with no replica the gap is `DATA_LOST`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_missing_from_one_copy_are_read_from_the_other() {
+    bounded("batches_missing_from_one_copy_are_read_from_the_other", 60, async {
+        let scratch = Scratch::new();
+        let (s0, s1) =
+            (scratch.server(&ServerSpec::default()), scratch.server(&ServerSpec::default()));
+        let app = "gap";
+        let client = client(app, None);
+        // One partition: primary s0, replica s1.
+        let a = replicated(1, &[s0.addr, s1.addr], 1);
+        register_direct(&client, &a, 1).await.unwrap();
+        let (c0, c1) = (raw(s0.addr).await, raw(s1.addr).await);
+        let mut expected = Expected::default();
+        for batch_id in 0..4u32 {
+            let rec = record(0, 0, batch_id, 300);
+            let mut body = BytesMut::new();
+            put_batch(&mut body, 0, 0, batch_id, &framed(std::slice::from_ref(&rec)));
+            let push = Push { app_id: app.into(), shuffle_id: 1, partition_id: 0 };
+            // Batch 2 never reaches s0.
+            let targets: &[&sluice_transport::Connection] =
+                if batch_id == 2 { &[&c1] } else { &[&c0, &c1] };
+            for c in targets {
+                let (m, _) = call_body(c, push.clone(), body.clone().freeze()).await.unwrap();
+                assert!(matches!(m, Message::PushAck(_)), "{m:?}");
+            }
+            expected.add(0, &rec, RecordId { map: 0, attempt: 0, seq: batch_id });
+        }
+        for c in [&c0, &c1] {
+            let end = MapperEnd {
+                app_id: app.into(),
+                shuffle_id: 1,
+                map_id: 0,
+                attempt_id: 0,
+                batch_counts: vec![BatchCount { partition_id: 0, batches: 4 }],
+            };
+            assert!(matches!(call(c, end).await, Ok(Message::MapperEndResult(_))));
+        }
+        client.commit_shuffle(&a).await.expect("commit");
+
+        expected.check(&client, &a, 1).await;
+        let r = read_partition(&client, &a, 0, 0, 1).await.unwrap();
+        assert_eq!(r.batches_read, 4, "each batch delivered once");
+
+        let only_s0 = assignment(1, &[s0.addr], 1);
+        assert_eq!(code(read_partition(&client, &only_s0, 0, 0, 1).await), ErrorCode::DataLost);
+    })
+    .await
+}
