@@ -368,6 +368,10 @@ impl ServerState {
             for s in shuffles {
                 s.delete_files(self.storage.dirs());
             }
+            // The application's own directory, now empty (one was left behind per application).
+            for d in self.storage.dirs() {
+                let _ = std::fs::remove_dir(d.path.join(crate::shuffle::sanitize(app_id)));
+            }
         }
         Response::msg(OkMsg {})
     }

@@ -162,6 +162,7 @@ async fn unregister_shuffle_then_app_deletes_files() {
 
         client.unregister_app(&[server.addr]).await.expect("unregister app");
         assert!(data_files(&data).is_empty(), "files remain: {:?}", data_files(&data));
+        assert!(!data.join("unreg").exists(), "the application's directory remains");
         assert_eq!(call(&c, open("unreg", 2)).await.err(), Some(ErrorCode::UnknownApp));
         assert_eq!(push_code(server.addr, "unreg", 2).await, Some(ErrorCode::UnknownApp));
     })
