@@ -32,6 +32,10 @@ pub struct ServerConfig {
     pub chunk_bytes: u64,
     /// Flusher threads per data directory.
     pub flushers_per_dir: usize,
+    /// Nice value added to the flusher threads (0–19; 0: the server's own priority). Flushing
+    /// then yields the CPU to the network threads and to co-located processes; when it falls
+    /// behind, the busy watermark slows pushers down, so memory stays bounded.
+    pub flusher_nice: i32,
     /// Bytes of deleted shuffles' files each data directory keeps for reuse by new partition
     /// files (0: delete them). Writing over a file's cached pages skips allocating new ones.
     pub recycle_bytes_per_dir: u64,
@@ -59,6 +63,7 @@ impl Default for ServerConfig {
             busy_backoff_ms: 50,
             chunk_bytes: 4 << 20,
             flushers_per_dir: 2,
+            flusher_nice: 10,
             recycle_bytes_per_dir: 2 << 30,
             app_expiry_ms: 120_000,
             coordinators: Vec::new(),
@@ -91,6 +96,9 @@ impl ServerConfig {
         }
         if self.flushers_per_dir == 0 {
             return Err("flushers_per_dir: must be at least 1".into());
+        }
+        if !(0..=19).contains(&self.flusher_nice) {
+            return Err(format!("flusher_nice: {} is not in 0..=19", self.flusher_nice));
         }
         if self.heartbeat_interval_ms == 0 || self.app_expiry_ms == 0 {
             return Err("heartbeat_interval_ms and app_expiry_ms must be positive".into());

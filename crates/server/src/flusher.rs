@@ -49,10 +49,12 @@ pub struct Flushers {
 pub struct NoStorage(pub String);
 
 impl Flushers {
-    /// Starts `per_dir` threads for each directory. `on_done(bytes)` is called after each job.
+    /// Starts `per_dir` threads for each directory, each `nice` steps below the server's
+    /// priority. `on_done(bytes)` is called after each job.
     pub fn start(
         storage: Arc<Storage>,
         per_dir: usize,
+        nice: i32,
         on_done: Arc<dyn Fn(u64) + Send + Sync>,
     ) -> Flushers {
         let mut queues = Vec::new();
@@ -65,6 +67,7 @@ impl Flushers {
                 std::thread::Builder::new()
                     .name(format!("sluice-flush-{}-{i}", dir.index))
                     .spawn(move || {
+                        lower_priority(nice);
                         for job in rx {
                             let bytes = job.data.bytes;
                             run_job(&storage, job);
@@ -106,6 +109,18 @@ impl Flushers {
             run_job(&self.storage, e.into_inner());
         }
         Ok(bytes)
+    }
+}
+
+/// Adds `nice` to the calling thread's nice value (on Linux, priority is per thread).
+fn lower_priority(nice: i32) {
+    if nice == 0 {
+        return;
+    }
+    let tid = rustix::thread::gettid();
+    let now = rustix::process::getpriority_process(Some(tid)).unwrap_or(0);
+    if let Err(e) = rustix::process::setpriority_process(Some(tid), (now + nice).min(19)) {
+        tracing::warn!(error = %e, "cannot lower the flusher thread's priority");
     }
 }
 
@@ -251,6 +266,37 @@ fn write_all_at(
 mod tests {
     use super::*;
     use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn flusher_threads_run_below_the_servers_priority() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = Arc::new(Storage::open(&[dir.path().to_path_buf()], 0));
+        let _f = Flushers::start(storage, 1, 7, Arc::new(|_| {}));
+        let me = rustix::process::getpriority_process(None).unwrap();
+        let want = (me + 7).min(19);
+        let task_dir = std::path::Path::new("/proc/self/task");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let nice_of_flusher = std::fs::read_dir(task_dir).unwrap().flatten().find_map(|t| {
+                let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+                if !comm.starts_with("sluice-flush") {
+                    return None;
+                }
+                let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+                // Field 19 (nice), counted after the parenthesised command name.
+                let rest = stat.rsplit_once(')')?.1;
+                rest.split_whitespace().nth(16)?.parse::<i32>().ok()
+            });
+            if nice_of_flusher == Some(want) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "flusher nice {nice_of_flusher:?}, want {want}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
 
     #[test]
     fn chunks_are_page_aligned() {
