@@ -11,7 +11,8 @@
 //! padded to a whole page, so overwriting a recycled file never reads a partial page from disk.
 //! A recycled file is handed out only when no reader still holds it open. What lies past a new
 //! partition's data in a recycled file is stale and never served: reads go through the chunk
-//! index. The pool is emptied when the server starts.
+//! index. The pool is emptied when the server starts, and never holds more than half of its file
+//! system's free space.
 
 use std::fs::File;
 use std::io;
@@ -75,7 +76,10 @@ impl DataDir {
             return false;
         }
         let mut pool = self.pool.lock();
-        if self.pool_bytes.load(Ordering::Acquire) + len > self.recycle_cap {
+        let pooled = self.pool_bytes.load(Ordering::Acquire) + len;
+        // The pool never takes more than its cap, nor more than half the free space: space it
+        // holds is not free for partitions larger than the files in it.
+        if pooled > self.recycle_cap || pooled.saturating_mul(2) > self.free_bytes() {
             return false;
         }
         let n = self.next_pooled.fetch_add(1, Ordering::Relaxed);
