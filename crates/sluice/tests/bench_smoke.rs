@@ -3,38 +3,33 @@
 
 mod utils;
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use utils::{sluice_bin, Scratch};
+use utils::{run_sluice, Scratch};
 
 #[test]
 fn bench_transport_reports_each_path_it_measured() {
     let dir = Scratch::new();
-    let mut child = Command::new(sluice_bin())
-        .args(["bench", "transport", "--json", "--file-gib", "0.03", "--chunk-mib", "1"])
-        .args(["--passes", "1", "--rounds", "1", "--frames", "5000", "--dir"])
-        .arg(dir.path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawning sluice bench transport");
-    let start = Instant::now();
-    while child.try_wait().expect("waiting for the bench").is_none() {
-        if start.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            panic!("sluice bench transport did not finish within 120 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().expect("bench output");
+    let args = [
+        "bench",
+        "transport",
+        "--json",
+        "--file-gib",
+        "0.03",
+        "--chunk-mib",
+        "1",
+        "--passes",
+        "1",
+        "--rounds",
+        "1",
+        "--frames",
+        "5000",
+        "--dir",
+    ];
+    let mut argv: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    argv.push(dir.path().as_os_str());
+    let out = run_sluice(&argv, Duration::from_secs(120));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "bench failed: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let j: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
     let n = |k: &str| j[k].as_f64().unwrap_or_else(|| panic!("no number {k} in {j}"));
     let file = n("file_bytes");

@@ -3,43 +3,18 @@
 
 mod utils;
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use utils::{files_under, sluice_bin, Scratch};
+use utils::{files_under, run_sluice, Scratch};
 
 /// Runs `sluice local ARGS --json --data-root ROOT` (bounded) and returns its JSON summary.
 fn run_local(args: &[&str], root: &std::path::Path, limit: Duration) -> serde_json::Value {
-    let mut child = Command::new(sluice_bin())
-        .arg("local")
-        .args(args)
-        .args(["--json", "--data-root"])
-        .arg(root)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawning sluice local");
-    let start = Instant::now();
-    loop {
-        if let Some(_status) = child.try_wait().expect("waiting for sluice local") {
-            break;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("sluice local {args:?} did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().expect("sluice local output");
+    let mut argv: Vec<&std::ffi::OsStr> = vec!["local".as_ref()];
+    argv.extend(args.iter().map(|a| std::ffi::OsStr::new(*a)));
+    argv.extend(["--json".as_ref(), "--data-root".as_ref(), root.as_os_str()]);
+    let out = run_sluice(&argv, limit);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "sluice local {args:?} failed: {}\n{stdout}\n{stderr}",
-        out.status
-    );
     let line =
         stdout.lines().rev().find(|l| l.trim_start().starts_with('{')).unwrap_or_else(|| {
             panic!("no JSON summary from sluice local {args:?}:\n{stdout}\n{stderr}")

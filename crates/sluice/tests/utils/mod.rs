@@ -32,6 +32,37 @@ pub async fn bounded<T>(what: &str, secs: u64, f: impl std::future::Future<Outpu
     }
 }
 
+/// Runs `sluice ARGS` to completion within `limit` (killed and failed past it) and returns its
+/// output, asserting it exited successfully.
+pub fn run_sluice(args: &[&std::ffi::OsStr], limit: Duration) -> std::process::Output {
+    let what = args.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ");
+    let mut child = Command::new(sluice_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning sluice {what}: {e}"));
+    let start = std::time::Instant::now();
+    while child.try_wait().expect("waiting for sluice").is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("sluice {what} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().expect("sluice output");
+    assert!(
+        out.status.success(),
+        "sluice {what} failed: {}\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// The `sluice` binary under test.
 pub fn sluice_bin() -> &'static str {
     env!("CARGO_BIN_EXE_sluice")
