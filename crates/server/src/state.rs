@@ -77,7 +77,8 @@ impl ServerState {
                 stats.flushed_bytes.fetch_add(bytes, Ordering::Relaxed);
             })
         };
-        let flushers = Flushers::start(storage.clone(), config.flushers_per_dir, config.flusher_nice, on_done);
+        let flushers =
+            Flushers::start(storage.clone(), config.flushers_per_dir, config.flusher_nice, on_done);
         Arc::new(ServerState {
             config,
             budget,
