@@ -81,8 +81,9 @@ impl Flushers {
         Flushers { queues, storage }
     }
 
-    /// Takes the partition's buffer and queues it as one chunk. The caller holds the partition
-    /// lock, so the offset reservation and the buffer hand-off are atomic.
+    /// Takes the partition's buffer and queues it as one chunk; returns the bytes queued (0 when
+    /// the shuffle is deleted: the buffer is dropped). The caller holds the partition lock, so the
+    /// offset reservation and the buffer hand-off are atomic.
     pub fn submit(
         &self,
         shuffle: &Arc<Shuffle>,
@@ -90,6 +91,12 @@ impl Flushers {
         p: &mut Partition,
     ) -> Result<u64, NoStorage> {
         if p.buffer.bytes == 0 {
+            return Ok(0);
+        }
+        if shuffle.deleted.load(Ordering::Acquire) {
+            // Pushed just before the shuffle was deleted: nothing may create its files again
+            // (its current file went to the recycle pool). The buffer and its memory go.
+            drop(std::mem::take(&mut p.buffer));
             return Ok(0);
         }
         let target = match &p.file {
@@ -277,22 +284,28 @@ mod tests {
         let task_dir = std::path::Path::new("/proc/self/task");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         loop {
-            let nice_of_flusher = std::fs::read_dir(task_dir).unwrap().flatten().find_map(|t| {
-                let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
-                if !comm.starts_with("sluice-flush") {
-                    return None;
-                }
-                let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
-                // Field 19 (nice), counted after the parenthesised command name.
-                let rest = stat.rsplit_once(')')?.1;
-                rest.split_whitespace().nth(16)?.parse::<i32>().ok()
-            });
-            if nice_of_flusher == Some(want) {
+            // Any flusher thread of this process at the wanted nice (other tests may run
+            // flushers of their own).
+            let nices: Vec<i32> = std::fs::read_dir(task_dir)
+                .unwrap()
+                .flatten()
+                .filter_map(|t| {
+                    let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+                    if !comm.starts_with("sluice-flush") {
+                        return None;
+                    }
+                    let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
+                    // Field 19 (nice), counted after the parenthesised command name.
+                    let rest = stat.rsplit_once(')')?.1;
+                    rest.split_whitespace().nth(16)?.parse::<i32>().ok()
+                })
+                .collect();
+            if nices.contains(&want) {
                 break;
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "flusher nice {nice_of_flusher:?}, want {want}"
+                "flusher threads' nice {nices:?}, want {want}"
             );
             std::thread::sleep(std::time::Duration::from_millis(10));
         }

@@ -275,10 +275,9 @@ impl ServerState {
         pid: u32,
         p: &mut crate::shuffle::Partition,
     ) -> Result<(), Failure> {
-        let pending = p.buffer.bytes;
         match self.flushers.submit(shuffle, pid, p) {
-            Ok(_) => {
-                self.flushing_bytes.fetch_add(pending, Ordering::AcqRel);
+            Ok(queued) => {
+                self.flushing_bytes.fetch_add(queued, Ordering::AcqRel);
                 Ok(())
             }
             Err(e) => {
