@@ -5,8 +5,8 @@
 //! directory's `.recycle/` pool (up to `recycle_bytes_per_dir`), and a new partition file is taken
 //! from the pool before one is created. Writing over a file whose pages are still in the page cache
 //! costs a copy, while writing a new file costs a fresh page per 4 KiB (allocation, zeroing, memory
-//! accounting) and a block allocation in the file system; on this project's VM fresh pages cost
-//! ~1.4 s/GB against ~0.25 s/GB for reused ones (docs/benchmarks.md). PostgreSQL and RocksDB
+//! accounting) and a block allocation in the file system; on this project's VM, 1 GiB written
+//! into new pages took 2.3 s, over cached ones 0.13 s (docs/benchmarks.md). PostgreSQL and RocksDB
 //! recycle their log files for the same reasons. Flushes start at 4 KiB-aligned offsets and are
 //! padded to a whole page, so overwriting a recycled file never reads a partial page from disk.
 //! A recycled file is handed out only when no reader still holds it open. What lies past a new
