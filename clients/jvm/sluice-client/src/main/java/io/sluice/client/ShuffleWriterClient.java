@@ -179,18 +179,31 @@ public final class ShuffleWriterClient implements AutoCloseable {
     batchCounts[partition]++;
     bytesPushed[partition] += size;
 
-    for (int i = 0; i < servers.length; i++) {
-      ServerBuffer sb = buffers[servers[i]];
-      if (sb.bytes > 0 && (long) sb.bytes + size > conf.pushBatchBytes()) {
-        flush(servers[i]);
+    // Each server's buffer gets one reference; the last gets ours. A flush can throw (an earlier
+    // push failed): then our reference, if not handed on yet, is released here; the buffers'
+    // references go with close().
+    boolean handedOn = false;
+    try {
+      for (int i = 0; i < servers.length; i++) {
+        ServerBuffer sb = buffers[servers[i]];
+        if (sb.bytes > 0 && (long) sb.bytes + size > conf.pushBatchBytes()) {
+          flush(servers[i]);
+        }
+        boolean last = i == servers.length - 1;
+        sb.partitions.computeIfAbsent(partition, k -> new ArrayList<>())
+            .add(last ? batch : batch.retainedDuplicate());
+        handedOn = last;
+        sb.bytes += size;
+        sb.batches++;
+        if (sb.bytes >= conf.pushBatchBytes()) {
+          flush(servers[i]);
+        }
       }
-      sb.partitions.computeIfAbsent(partition, k -> new ArrayList<>())
-          .add(i == servers.length - 1 ? batch : batch.retainedDuplicate());
-      sb.bytes += size;
-      sb.batches++;
-      if (sb.bytes >= conf.pushBatchBytes()) {
-        flush(servers[i]);
+    } catch (RuntimeException e) {
+      if (!handedOn) {
+        batch.release();
       }
+      throw e;
     }
   }
 
