@@ -11,8 +11,9 @@
 //! padded to a whole page, so overwriting a recycled file never reads a partial page from disk.
 //! A recycled file is handed out only when no reader still holds it open. What lies past a new
 //! partition's data in a recycled file is stale and never served: reads go through the chunk
-//! index. The pool is emptied when the server starts, and never holds more than half of its file
-//! system's free space.
+//! index. The pool is emptied when the server starts, never holds more than half of its file
+//! system's free space, and when full drops its oldest file that nobody holds to take a new one
+//! (the newest files' pages are the likeliest to be cached).
 
 use std::fs::File;
 use std::io;
@@ -76,11 +77,22 @@ impl DataDir {
             return false;
         }
         let mut pool = self.pool.lock();
-        let pooled = self.pool_bytes.load(Ordering::Acquire) + len;
-        // The pool never takes more than its cap, nor more than half the free space: space it
-        // holds is not free for partitions larger than the files in it.
-        if pooled > self.recycle_cap || pooled.saturating_mul(2) > self.free_bytes() {
+        // The pool never holds more than its cap, nor more than half the free space: space it
+        // holds is not free for partitions larger than the files in it. The newest file is the
+        // one whose pages are likeliest to be cached, so older files nobody holds make room.
+        let limit = self.recycle_cap.min(self.free_bytes() / 2);
+        if len > limit {
             return false;
+        }
+        while self.pool_bytes.load(Ordering::Acquire) + len > limit {
+            let Some(i) = pool.iter().position(|(f, _, _)| Arc::strong_count(f) == 1) else {
+                return false;
+            };
+            let (_, old, old_len) = pool.remove(i);
+            self.pool_bytes.fetch_sub(old_len, Ordering::AcqRel);
+            if let Err(e) = std::fs::remove_file(&old) {
+                tracing::warn!(path = %old.display(), error = %e, "cannot delete a recycled file");
+            }
         }
         let n = self.next_pooled.fetch_add(1, Ordering::Relaxed);
         let to = self.path.join(RECYCLE_DIR).join(format!("{n}.recycled"));
@@ -243,10 +255,12 @@ mod tests {
         let (c, pc) = file_with(tmp.path(), "c.data", 4000);
         let reader_of_a = a.clone(); // an open stream still sending from `a`
         assert!(dir.recycle(a, &pa));
+        let held_b = b.clone(); // b is held too while c comes in
         assert!(dir.recycle(b, &pb));
-        assert!(!dir.recycle(c, &pc), "over the 10 000-byte cap");
+        assert!(!dir.recycle(c, &pc), "over the 10 000-byte cap, and a and b are both held");
         assert!(pc.exists() && !pa.exists() && !pb.exists());
         assert_eq!(dir.pooled_bytes(), 8000);
+        drop(held_b);
 
         // `b` is free; `a` is still open elsewhere, so it stays in the pool.
         let to = tmp.path().join("app/1/0-0.data");
@@ -258,6 +272,25 @@ mod tests {
         assert!(dir.take_recycled(&tmp.path().join("y.data")).is_some());
         assert_eq!(dir.pooled_bytes(), 0);
         assert_eq!(storage.reused_files(), 2);
+    }
+
+    #[test]
+    fn a_full_pool_makes_room_by_dropping_its_oldest_free_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let storage = Storage::open(&[tmp.path().to_path_buf()], 10_000);
+        let dir = &storage.dirs()[0];
+        let (a, pa) = file_with(tmp.path(), "a.data", 4000);
+        let (b, pb) = file_with(tmp.path(), "b.data", 4000);
+        let (c, pc) = file_with(tmp.path(), "c.data", 4000);
+        assert!(dir.recycle(a, &pa));
+        assert!(dir.recycle(b, &pb));
+        assert!(dir.recycle(c, &pc), "a, the oldest, makes room");
+        assert_eq!(dir.pooled_bytes(), 8000);
+        let pooled = std::fs::read_dir(tmp.path().join(RECYCLE_DIR)).unwrap().count();
+        assert_eq!(pooled, 2, "a's file is deleted");
+        let (big, pbig) = file_with(tmp.path(), "big.data", 20_000);
+        assert!(!dir.recycle(big, &pbig), "larger than the whole pool");
+        assert_eq!(dir.pooled_bytes(), 8000);
     }
 
     #[test]
