@@ -32,9 +32,11 @@ pub struct ServerConfig {
     pub chunk_bytes: u64,
     /// Flusher threads per data directory.
     pub flushers_per_dir: usize,
-    /// Nice value added to the flusher threads (0–19; 0: the server's own priority). Flushing
-    /// then yields the CPU to the network threads and to co-located processes; when it falls
-    /// behind, the busy watermark slows pushers down, so memory stays bounded.
+    /// Nice value added to the flusher threads (0–19; 0: the server's own priority). Above 0,
+    /// flushing yields the CPU to the network threads and to co-located processes; when it
+    /// falls behind, pushers get `Busy`. Measured: 10 helped a Spark job sharing two cores with
+    /// the servers, but starved the flushers of `sluice local` (push 1.2 → 0.3–0.5 GB/s,
+    /// thousands of `Busy` replies), so the default is 0.
     pub flusher_nice: i32,
     /// Bytes of deleted shuffles' files each data directory keeps for reuse by new partition
     /// files (0: delete them). Writing over a file's cached pages skips allocating new ones.
@@ -63,7 +65,7 @@ impl Default for ServerConfig {
             busy_backoff_ms: 50,
             chunk_bytes: 4 << 20,
             flushers_per_dir: 2,
-            flusher_nice: 10,
+            flusher_nice: 0,
             recycle_bytes_per_dir: 2 << 30,
             app_expiry_ms: 120_000,
             coordinators: Vec::new(),
