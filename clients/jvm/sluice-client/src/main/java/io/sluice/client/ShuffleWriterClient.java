@@ -370,9 +370,15 @@ public final class ShuffleWriterClient implements AutoCloseable {
 
   /** Sends (or resends) a push; the outcome comes back through {@link #onResponse}. */
   private void send(PushTask task) {
+    if (isGivenUp(task.server)) {
+      onResponse(task, null, null); // dropped: the other copy has it
+      return;
+    }
     TransportClient client;
     try {
-      client = factory.getClient(assignment.servers().get(task.server));
+      // Never sleep out a dead peer's reconnect back-off here: with many pushes queued for it,
+      // that blocked the writer for back-off × pushes; the push's own retry waits pace it.
+      client = factory.getClientNow(assignment.servers().get(task.server));
     } catch (SluiceException e) {
       onResponse(task, null, e);
       return;

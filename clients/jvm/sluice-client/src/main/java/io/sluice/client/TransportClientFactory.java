@@ -104,6 +104,20 @@ public final class TransportClientFactory implements AutoCloseable {
    *     out any back-off from earlier failures), or the handshake's error
    */
   public TransportClient getClient(String host, int port) {
+    return getClient(host, port, true);
+  }
+
+  /**
+   * As {@link #getClient(ShuffleAssignment.Server)}, but while the peer is in its reconnect
+   * back-off it fails at once (a retriable connection failure) instead of sleeping the back-off
+   * out: for callers with their own retry pacing that must not block a thread for up to
+   * {@code reconnectBackoffMaxMs} per request to a dead peer (the shuffle writer).
+   */
+  public TransportClient getClientNow(ShuffleAssignment.Server server) {
+    return getClient(server.host(), server.port(), false);
+  }
+
+  private TransportClient getClient(String host, int port, boolean waitOutBackoff) {
     if (closed) {
       throw new IllegalStateException("TransportClientFactory is closed");
     }
@@ -121,6 +135,11 @@ public final class TransportClientFactory implements AutoCloseable {
       }
       long wait = peer.nextAttemptNanos[slot] - System.nanoTime();
       if (peer.failures[slot] > 0 && wait > 0) {
+        if (!waitOutBackoff) {
+          throw SluiceException.connectionFailure("cannot connect to " + key + ": "
+              + peer.failures[slot] + " failed attempts, next in "
+              + TimeUnit.NANOSECONDS.toMillis(wait) + " ms", null);
+        }
         sleep(wait);
       }
       try {
