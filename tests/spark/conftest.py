@@ -287,6 +287,8 @@ def spark_cluster(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+    leaks = sluice_leaks(cluster.work_dir)
+    assert not leaks, f"{len(leaks)} Netty buffer leak(s) in the executors:\n" + "\n".join(leaks)
 
 
 # --------------------------------------------------------------------------------------------
@@ -353,7 +355,31 @@ def sluice_conf(cluster):
         # partial output on the servers that readers must ignore.
         "spark.sluice.writer.partitionBufferBytes": "2k",
         "spark.sluice.writer.bufferBytes": "64k",
+        # Every buffer of the plugin's (shaded) Netty is tracked; a leak is logged with where the
+        # buffer was used, and the session fails on it (see sluice_leaks).
+        "spark.executor.extraJavaOptions":
+            "-Dio.sluice.shaded.io.netty.leakDetection.level=paranoid",
     }
+
+
+def sluice_leaks(work_dir):
+    """Netty leak reports in the executors' logs under `work_dir` that involve Sluice's code.
+
+    Netty logs `LEAK: ...` with the buffer's access records; the report runs until the next log
+    line (which starts with a date). Reports of Spark's own Netty (no io.sluice frame) are left out.
+    """
+    leaks = []
+    for log in sorted(Path(work_dir).glob("worker*/app-*/*/stderr")):
+        report = None
+        for line in log.read_text(errors="replace").splitlines():
+            if "LEAK:" in line:
+                report = [f"{log}:", line]
+                leaks.append(report)
+            elif report is not None and re.match(r"\d\d/\d\d/\d\d ", line):
+                report = None
+            elif report is not None:
+                report.append(line)
+    return ["\n".join(r) for r in leaks if any("io.sluice" in line for line in r)]
 
 
 class EventLog:

@@ -411,6 +411,7 @@ impl ServerState {
     /// Seals a shuffle: refuse pushes, flush every buffer, wait for the flushers, report sizes.
     async fn commit(&self, app_id: &str, shuffle_id: u32) -> Result<Response, Failure> {
         let shuffle = self.shuffle(app_id, shuffle_id)?;
+        let started = Instant::now();
         shuffle.committed.store(true, Ordering::Release);
         for (pid, p) in shuffle.partitions.iter().enumerate() {
             let mut p = p.lock();
@@ -436,6 +437,15 @@ impl ServerState {
             }
         }
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        let waited = started.elapsed();
+        self.stats.commit_wait_us.fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
+        tracing::info!(
+            app = app_id,
+            shuffle = shuffle_id,
+            bytes = partitions.iter().map(|p| p.bytes).sum::<u64>(),
+            waited_ms = waited.as_millis() as u64,
+            "committed"
+        );
         Ok(Response::msg(CommitResult { shuffle_id, partitions }))
     }
 

@@ -11,6 +11,8 @@ pub struct Stats {
     pub busy_replies: AtomicU64,
     pub flushed_bytes: AtomicU64,
     pub commits: AtomicU64,
+    /// Time commits spent flushing and waiting for the flushers, in microseconds.
+    pub commit_wait_us: AtomicU64,
     pub streams_opened: AtomicU64,
     pub fetched_chunks: AtomicU64,
     pub fetched_bytes: AtomicU64,
@@ -28,6 +30,7 @@ impl Stats {
             ("sluice_server_busy_replies_total", g(&self.busy_replies)),
             ("sluice_server_flushed_bytes_total", g(&self.flushed_bytes)),
             ("sluice_server_commits_total", g(&self.commits)),
+            ("sluice_server_commit_wait_microseconds_total", g(&self.commit_wait_us)),
             ("sluice_server_streams_opened_total", g(&self.streams_opened)),
             ("sluice_server_fetched_chunks_total", g(&self.fetched_chunks)),
             ("sluice_server_fetched_bytes_total", g(&self.fetched_bytes)),

@@ -106,6 +106,9 @@ async fn sixteen_writers_stay_within_the_memory_budget() {
         );
         assert!(metric(&m, "sluice_server_pushed_bytes_total") >= total);
         assert_eq!(metric(&m, "sluice_server_memory_used_bytes"), 0.0, "leaked reservations");
+        // The commit flushed what was left in memory, and its wait was counted.
+        assert_eq!(metric(&m, "sluice_server_commits_total"), 1.0, "{m:?}");
+        assert!(metric(&m, "sluice_server_commit_wait_microseconds_total") > 0.0, "{m:?}");
     })
     .await
 }

@@ -90,6 +90,9 @@ public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseab
   private long bytesRead;
   private long batchesRead;
   private long fetchWaitNanos;
+  // Latency of the current stream, for the debug line at its end.
+  private long openNanos;
+  private long firstChunkWaitNanos;
 
   /**
    * Creates the reader; the stream opens on the first {@link #hasNext()}.
@@ -197,7 +200,11 @@ public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseab
     try {
       frame = TransportClient.await(f);
     } finally {
-      fetchWaitNanos += System.nanoTime() - start;
+      long waited = System.nanoTime() - start;
+      fetchWaitNanos += waited;
+      if (nextToConsume == 0) {
+        firstChunkWaitNanos = waited;
+      }
     }
     int index = nextToConsume;
     try {
@@ -210,6 +217,7 @@ public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseab
   }
 
   private void open() {
+    long start = System.nanoTime();
     client = factory.getClient(server());
     Message m = client.callSync(new OpenStream(appId, shuffleId, partition, mapStart, mapEnd));
     if (!(m instanceof StreamHandle h)) {
@@ -218,6 +226,7 @@ public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseab
     streamId = h.streamId();
     chunkLengths = h.chunkLengths();
     streamOpen = true;
+    openNanos = System.nanoTime() - start;
     nextToFetch = 0;
     nextToConsume = 0;
     for (StreamHandle.CommittedMap c : h.committed()) {
@@ -280,6 +289,12 @@ public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseab
 
   /** The stream is read to its end: close it and check every committed map is complete. */
   private void finishStream() {
+    if (LOG.isDebugEnabled()) {
+      LOG.debug("shuffle {} partition {} maps [{}, {}) read from {}: {} chunks, {} bytes; open "
+          + "{} us, first chunk {} us, all waits {} us", shuffleId, partition, mapStart, mapEnd,
+          client.peer(), chunkLengths.size(), bytesFetched, openNanos / 1000,
+          firstChunkWaitNanos / 1000, fetchWaitNanos / 1000);
+    }
     closeStreamQuietly();
     for (Map.Entry<Integer, Committed> e : committed.entrySet()) {
       Committed c = e.getValue();

@@ -23,6 +23,11 @@ public class FrameDecoder extends ByteToMessageDecoder {
   /** @param maxFrameBytes the limit until {@link #setMaxFrameBytes} (65 536 before a handshake) */
   public FrameDecoder(int maxFrameBytes) {
     this.maxFrameBytes = maxFrameBytes;
+    // Received buffers are chained, not merged: a 4 MiB chunk arrives as ~64 pooled read
+    // buffers, and its body becomes a slice over them. Merging copied every byte once more into a
+    // cumulation that, past the pooled allocator's 4 MiB chunks, was a fresh unpooled allocation
+    // per chunk (page faults on every fetched chunk).
+    setCumulator(COMPOSITE_CUMULATOR);
   }
 
   /** Applies the limit negotiated by the handshake. */
