@@ -69,16 +69,25 @@ impl ClientError {
     }
 
     /// Whether this failure of a request that retries could not cure is the *server's* — it is
-    /// unreachable, stopping, its storage failed, or it answered nonsense — rather than the
-    /// request's (an unknown or committed shuffle, an invalid request, our own settings). A
-    /// writer of a replicated shuffle gives up on such a server and carries on with the other
-    /// copy of its partitions; a request's own failure would fail on every server alike.
+    /// unreachable, stopping, its storage failed, it lost its state (a restarted server knows
+    /// neither the application nor the shuffle the coordinator assigned to it), or it answered
+    /// nonsense — rather than the request's (a committed shuffle, an invalid request, our own
+    /// settings). A writer of a replicated shuffle gives up on such a server and carries on
+    /// with the other copy of its partitions; a request's own failure would fail on every server
+    /// alike. (A shuffle unregistered for real is unknown on every server: the writer then loses
+    /// every copy and fails.)
     pub fn is_server_failure(&self) -> bool {
         match self {
             ClientError::Transport(TransportError::Config(_)) | ClientError::Resolve(_) => false,
             ClientError::Transport(TransportError::Remote { code, .. })
             | ClientError::Server { code, .. } => {
-                code.is_retriable() || *code == ErrorCode::StorageUnavailable
+                code.is_retriable()
+                    || matches!(
+                        code,
+                        ErrorCode::StorageUnavailable
+                            | ErrorCode::UnknownApp
+                            | ErrorCode::UnknownShuffle
+                    )
             }
             // Lost connections, timeouts, undecodable or out-of-place replies.
             ClientError::Transport(_) | ClientError::UnexpectedReply(_) => true,

@@ -64,7 +64,30 @@ impl Expected {
 /// the two live servers, and every record is read back exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writers_of_a_replicated_shuffle_survive_a_server_killed_mid_push() {
-    bounded("writers_of_a_replicated_shuffle_survive_a_server_killed_mid_push", 90, async {
+    bounded(
+        "writers_of_a_replicated_shuffle_survive_a_server_killed_mid_push",
+        90,
+        lose_a_server_mid_push(false),
+    )
+    .await
+}
+
+/// As above, but the killed server comes straight back on the same address, empty: it answers
+/// the writers' next pushes, a map task that starts only now, the commit and the readers with
+/// `UNKNOWN_APP`/`UNKNOWN_SHUFFLE`. That is the server's loss, not the request's: each goes on
+/// with the other copy, and every record is read back exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_of_a_replicated_shuffle_survive_a_server_restarted_mid_push() {
+    bounded(
+        "writers_of_a_replicated_shuffle_survive_a_server_restarted_mid_push",
+        90,
+        lose_a_server_mid_push(true),
+    )
+    .await
+}
+
+async fn lose_a_server_mid_push(restart: bool) {
+    {
         let scratch = Scratch::new();
         let coord = scratch.coordinator();
         let mut servers: Vec<Proc> =
@@ -77,7 +100,8 @@ async fn writers_of_a_replicated_shuffle_survive_a_server_killed_mid_push() {
             o.max_inflight_bytes = 1 << 20;
         });
         client.register_app().await.unwrap();
-        let (maps, parts, per_map) = (4u32, 12u32, 600u32);
+        // Maps 0-3 push around the loss; map 4 (only when restarting) starts after it.
+        let (maps, parts, per_map) = (4u32 + restart as u32, 12u32, 600u32);
         let a = client.register_shuffle(1, maps, parts, 2).await.unwrap();
         assert_eq!(a.servers.len(), 3);
         assert!(a.partitions.iter().all(|l| l.replica != NO_REPLICA && l.replica != l.primary));
@@ -89,7 +113,11 @@ async fn writers_of_a_replicated_shuffle_survive_a_server_killed_mid_push() {
         for m in 0..maps {
             let (client, a, written, third, mut killed) =
                 (client.clone(), a.clone(), written.clone(), third.clone(), killed_rx.clone());
+            let late = m == 4;
             tasks.push(tokio::spawn(async move {
+                if late {
+                    killed.wait_for(|k| *k).await.expect("the test holds the sender");
+                }
                 let mut w = client.writer(a, m, 0).await?;
                 let mut expected = Expected::default();
                 for seq in 0..per_map {
@@ -119,6 +147,13 @@ async fn writers_of_a_replicated_shuffle_survive_a_server_killed_mid_push() {
         let victim = addrs_of(&a)[a.partitions[0].primary as usize];
         servers.iter_mut().find(|s| s.addr == victim).expect("victim").kill();
         let at_kill = written.load(Ordering::Relaxed);
+        if restart {
+            let spec =
+                ServerSpec { listen: Some(victim), ..ServerSpec::with_coordinator(coord.addr) };
+            let back = scratch.server(&spec);
+            assert_eq!(back.addr, victim, "restarted on the same address");
+            servers.push(back);
+        }
         killed_tx.send_replace(true);
 
         let mut expected = Expected::default();
@@ -133,15 +168,14 @@ async fn writers_of_a_replicated_shuffle_survive_a_server_killed_mid_push() {
                 t.1 += sum;
             }
         }
-        let total = (maps * per_map) as u64;
-        assert!(at_kill < total / 2 + maps as u64, "killed after {at_kill} of {total} records");
+        let total = (4 * per_map) as u64;
+        assert!(at_kill < total / 2 + 4, "killed after {at_kill} of {total} records");
         eprintln!("killed {victim} after {at_kill} of {total} records; every writer finished");
 
         let sizes = client.commit_shuffle(&a).await.expect("commit on the live servers");
         assert!(sizes.iter().all(|s| *s > 0), "every partition committed somewhere: {sizes:?}");
         expected.check(&client, &a, maps).await;
-    })
-    .await
+    }
 }
 
 /// A server's copy of a partition that lacks a map's `MapperEnd` (its writer gave up on it)

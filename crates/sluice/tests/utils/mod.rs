@@ -254,7 +254,8 @@ impl Scratch {
 
     /// `sluice server` as described by `spec`.
     pub fn server(&self, spec: &ServerSpec) -> Proc {
-        let mut args: Vec<String> = vec!["server".into(), "--listen".into(), "127.0.0.1:0".into()];
+        let listen = spec.listen.map_or("127.0.0.1:0".to_owned(), |a| a.to_string());
+        let mut args: Vec<String> = vec!["server".into(), "--listen".into(), listen];
         let dirs = if spec.data_dirs.is_empty() {
             let n = self.n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             vec![self.path().join(format!("data-{n}"))]
@@ -295,6 +296,8 @@ pub struct ServerSpec {
     pub metrics: bool,
     /// `--set key=value` entries.
     pub sets: Vec<String>,
+    /// `None`: a free port.
+    pub listen: Option<SocketAddr>,
 }
 
 impl Default for ServerSpec {
@@ -305,6 +308,7 @@ impl Default for ServerSpec {
             coordinator: None,
             metrics: false,
             sets: Vec::new(),
+            listen: None,
         }
     }
 }

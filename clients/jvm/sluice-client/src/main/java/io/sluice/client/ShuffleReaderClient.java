@@ -38,8 +38,9 @@ import org.slf4j.LoggerFactory;
  * on the replica (or the same server) and starts over, keeping the batches already handed out in
  * its duplicate filter, up to {@code maxRetries} times. A server whose copy is incomplete ({@code
  * DATA_LOST}: for instance a map's writer gave up on it part-way, so it has no MapperEnd of that
- * map) is not read again: the reader goes on with the partition's other copy, and throws {@code
- * DATA_LOST} when there is none.
+ * map) is not read again, nor is one that lost its copy ({@code UNKNOWN_APP} or {@code
+ * UNKNOWN_SHUFFLE}: it restarted): the reader goes on with the partition's other copy, and throws
+ * when there is none.
  *
  * <p>Ownership: a buffer returned by {@link #next()} is a slice of a fetched chunk, valid until the
  * next call to {@link #hasNext()}, {@link #next()} or {@link #close()}; retain it to keep it longer.
@@ -128,7 +129,9 @@ public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseab
       try {
         step();
       } catch (SluiceException e) {
-        boolean incomplete = e.code() == ErrorCode.DATA_LOST;
+        // DATA_LOST: the copy is incomplete; unknown app or shuffle: the server lost its copy
+        // (it restarted). Either way that server is not read again.
+        boolean incomplete = e.code() == ErrorCode.DATA_LOST || e.isLostState();
         if (incomplete) {
           incompleteCopies.set(serverTurn % servers.length);
         }

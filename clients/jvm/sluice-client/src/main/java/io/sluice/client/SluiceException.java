@@ -52,12 +52,20 @@ public class SluiceException extends RuntimeException {
 
   /**
    * Whether this failure of a request that retries could not cure is the <em>server's</em> (it is
-   * unreachable, stopping, or its storage failed) rather than the request's (an unknown or
+   * unreachable, stopping, its storage failed, or it lost its state: a restarted server knows
+   * neither the application nor the shuffle assigned to it) rather than the request's (a
    * committed shuffle, an invalid or oversized request), which would fail on every server alike.
    * A writer of a replicated shuffle gives up on such a server and goes on with the other copy.
+   * (A shuffle unregistered for real is unknown on every server, so every copy is lost.)
    */
   public boolean isServerFailure() {
-    return connectionFailure || code.isRetriable() || code == ErrorCode.STORAGE_UNAVAILABLE;
+    return connectionFailure || code.isRetriable() || code == ErrorCode.STORAGE_UNAVAILABLE
+        || isLostState();
+  }
+
+  /** The server knows neither the application or the shuffle (say, it restarted). */
+  public boolean isLostState() {
+    return code == ErrorCode.UNKNOWN_APP || code == ErrorCode.UNKNOWN_SHUFFLE;
   }
 
   /**

@@ -11,6 +11,7 @@ import io.sluice.protocol.ErrorCode;
 import io.sluice.protocol.ErrorMessage;
 import io.sluice.protocol.MapperEnd;
 import io.sluice.protocol.MapperEndResult;
+import io.sluice.protocol.Ping;
 import io.sluice.protocol.PushMerged;
 import java.io.ByteArrayInputStream;
 import java.io.ByteArrayOutputStream;
@@ -262,6 +263,25 @@ class ShuffleRoundTripTest {
     // Map 0 alone is complete on s1.
     assertEquals(expected(0, new int[] {0}, 0, 6), read(a, 0, 0, 1));
     assertEquals(2, s1.incompleteCopyAnswers.get());
+  }
+
+  /**
+   * s1 "restarts" after map 0: from then on it knows no application or shuffle. The writer of map
+   * 1 gives up on it and pushes to s2 only, the commit tolerates it, and readers of its
+   * partitions read s2's copy, which holds both maps.
+   */
+  @Test
+  void aServerThatLostItsStateIsLikeALostServer() {
+    ShuffleAssignment a = replicatedShuffle(8, 2, 4);
+    writeMap(a, 0, 0, 6, true);
+    s1.custom = f -> f.message() instanceof Ping ? null
+        : ErrorMessage.of(ErrorCode.UNKNOWN_SHUFFLE, "shuffle 8 of " + APP + " is not registered");
+    writeMap(a, 1, 0, 6, true);
+    coord.commitShuffle(APP, a);
+    for (int p = 0; p < 4; p++) {
+      assertEquals(expected(p, new int[] {0, 1}, 0, 6), read(a, p, 0, 2));
+    }
+    assertEquals("s1", a.primary(0).serverId());
   }
 
   @Test
