@@ -21,8 +21,8 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// How long freed memory stays mapped before mimalloc returns it to the kernel, in ms, unless
 /// `MIMALLOC_PURGE_DELAY` says otherwise. mimalloc's default (1 s) gave pages back between a
 /// Spark job's pushes, and every push body that landed on them paid a page fault that zeroes a
-/// 2 MiB huge page: 12% of a server's CPU in a Spark run (perf), and `sluice local` took 3–4x the
-/// minor faults (5 600–9 100 vs 1 900–2 100). What stays mapped is at most the peak of buffered
+/// 2 MiB huge page: 12% of a server's CPU in a Spark run (perf), and `sluice local` took 2–3x the
+/// minor faults (4 200–5 800 vs 2 000–2 100 with 10 s). What stays mapped is at most the peak of buffered
 /// data, which the memory budget bounds.
 const PURGE_DELAY_MS: std::ffi::c_long = 10_000;
 

@@ -63,7 +63,7 @@ public class SluiceException extends RuntimeException {
         || isLostState();
   }
 
-  /** The server knows neither the application or the shuffle (say, it restarted). */
+  /** The server does not know the application or the shuffle (say, it restarted). */
   public boolean isLostState() {
     return code == ErrorCode.UNKNOWN_APP || code == ErrorCode.UNKNOWN_SHUFFLE;
   }
