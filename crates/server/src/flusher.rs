@@ -163,20 +163,16 @@ fn open_next_file(
 
 fn run_job(storage: &Storage, mut job: FlushJob) {
     let shuffle = job.shuffle.clone();
+    // The page padding goes out as one more slice (`bytes` keeps the chunk's own length).
+    let pad = (padded_len(job.data.bytes) - job.data.bytes) as usize;
+    if pad > 0 {
+        job.data.slices.push(bytes::Bytes::from_static(&ZEROS[..pad]));
+    }
     loop {
         if shuffle.deleted.load(Ordering::Acquire) {
             break;
         }
-        let pad = (padded_len(job.data.bytes) - job.data.bytes) as usize;
-        let padding = bytes::Bytes::from_static(&ZEROS[..pad]);
-        let written = if pad == 0 {
-            write_all_at(&job.target.file, &job.data.slices, job.offset)
-        } else {
-            let mut slices = job.data.slices.clone();
-            slices.push(padding);
-            write_all_at(&job.target.file, &slices, job.offset)
-        };
-        match written {
+        match write_all_at(&job.target.file, &job.data.slices, job.offset) {
             Ok(()) => {
                 let mut maps = std::mem::take(&mut job.data.maps);
                 maps.sort_unstable();

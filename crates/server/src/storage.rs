@@ -23,6 +23,14 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+/// Files of deleted shuffles waiting for reuse, oldest first, and their total length.
+#[derive(Debug, Default)]
+struct Pool {
+    /// Handle, path in the pool, length.
+    files: Vec<(Arc<File>, PathBuf, u64)>,
+    bytes: u64,
+}
+
 /// Name of the pool directory inside each data directory.
 pub const RECYCLE_DIR: &str = ".recycle";
 
@@ -34,9 +42,7 @@ pub struct DataDir {
     pub path: PathBuf,
     failed: AtomicBool,
     recycle_cap: u64,
-    /// Files of deleted shuffles waiting for reuse: handle, path in the pool, length.
-    pool: Mutex<Vec<(Arc<File>, PathBuf, u64)>>,
-    pool_bytes: AtomicU64,
+    pool: Mutex<Pool>,
     next_pooled: AtomicU64,
     /// Files taken from the pool for new partitions.
     reused: AtomicU64,
@@ -84,12 +90,12 @@ impl DataDir {
         if len > limit {
             return false;
         }
-        while self.pool_bytes.load(Ordering::Acquire) + len > limit {
-            let Some(i) = pool.iter().position(|(f, _, _)| Arc::strong_count(f) == 1) else {
+        while pool.bytes + len > limit {
+            let Some(i) = pool.files.iter().position(|(f, _, _)| Arc::strong_count(f) == 1) else {
                 return false;
             };
-            let (_, old, old_len) = pool.remove(i);
-            self.pool_bytes.fetch_sub(old_len, Ordering::AcqRel);
+            let (_, old, old_len) = pool.files.remove(i);
+            pool.bytes -= old_len;
             if let Err(e) = std::fs::remove_file(&old) {
                 tracing::warn!(path = %old.display(), error = %e, "cannot delete a recycled file");
             }
@@ -102,8 +108,8 @@ impl DataDir {
             tracing::debug!(path = %path.display(), error = %e, "not recycled");
             return false;
         }
-        self.pool_bytes.fetch_add(len, Ordering::AcqRel);
-        pool.push((file, to, len));
+        pool.bytes += len;
+        pool.files.push((file, to, len));
         true
     }
 
@@ -111,9 +117,10 @@ impl DataDir {
     pub fn take_recycled(&self, path: &Path) -> Option<Arc<File>> {
         let mut pool = self.pool.lock();
         // Newest first: its pages are the likeliest to be still cached.
-        let i = pool.iter().rposition(|(f, _, _)| Arc::strong_count(f) == 1)?;
-        let (file, from, len) = pool.swap_remove(i);
-        self.pool_bytes.fetch_sub(len, Ordering::AcqRel);
+        let i = pool.files.iter().rposition(|(f, _, _)| Arc::strong_count(f) == 1)?;
+        // `remove`, not `swap_remove`: the rest stay oldest first for `recycle`.
+        let (file, from, len) = pool.files.remove(i);
+        pool.bytes -= len;
         drop(pool);
         let moved = match path.parent() {
             Some(parent) => std::fs::create_dir_all(parent),
@@ -136,7 +143,7 @@ impl DataDir {
 
     /// Bytes in the recycle pool.
     pub fn pooled_bytes(&self) -> u64 {
-        self.pool_bytes.load(Ordering::Acquire)
+        self.pool.lock().bytes
     }
 }
 
@@ -160,8 +167,7 @@ impl Storage {
                     path: p.clone(),
                     failed: AtomicBool::new(false),
                     recycle_cap: recycle_bytes_per_dir,
-                    pool: Mutex::new(Vec::new()),
-                    pool_bytes: AtomicU64::new(0),
+                    pool: Mutex::new(Pool::default()),
                     next_pooled: AtomicU64::new(0),
                     reused: AtomicU64::new(0),
                 });

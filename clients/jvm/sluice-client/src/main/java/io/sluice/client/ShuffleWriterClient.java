@@ -84,9 +84,11 @@ public final class ShuffleWriterClient implements AutoCloseable {
   private SluiceException failure;
   private boolean closed;
   // Guarded by lock: per server, why the writer gave up on it (null while live); how many it gave
-  // up on, and how many of those the writer thread has checked its partitions' copies against.
+  // up on (volatile: read without the lock while it is 0, the per-batch fast path; a give-up
+  // that a batch races past is caught under the lock before its push is sent), and how many of
+  // those the writer thread has checked its partitions' copies against.
   private final SluiceException[] givenUp;
-  private int givenUpCount;
+  private volatile int givenUpCount;
   private int givenUpChecked;
 
   private boolean finished;
@@ -213,6 +215,9 @@ public final class ShuffleWriterClient implements AutoCloseable {
    */
   private int[] liveServers(int partition) {
     int[] all = assignment.serverIndexes(partition);
+    if (givenUpCount == 0) {
+      return all;
+    }
     lock.lock();
     try {
       int live = 0;
@@ -225,13 +230,16 @@ public final class ShuffleWriterClient implements AutoCloseable {
         failure = copiesLostLocked(partition);
         throwIfFailedLocked();
       }
-      return Arrays.copyOf(all, live);
+      return live == all.length ? all : Arrays.copyOf(all, live);
     } finally {
       lock.unlock();
     }
   }
 
   private boolean isGivenUp(int s) {
+    if (givenUpCount == 0) {
+      return false;
+    }
     lock.lock();
     try {
       return givenUp[s] != null;
