@@ -30,7 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "spark"))
 
-QUERIES = ("group_by", "repart", "order_by")
+ALL_QUERIES = ("group_by", "repart", "order_by")
+# SLUICE_BENCH_QUERIES=order_by (comma-separated) runs a subset, for quicker experiments.
+QUERIES = tuple(q for q in ALL_QUERIES
+                if q in os.environ.get("SLUICE_BENCH_QUERIES", ",".join(ALL_QUERIES)).split(","))
 GROUP_BY_ROWS = 20_000_000
 WIDE_ROWS = 10_000_000
 
@@ -62,6 +65,9 @@ def app_conf(mode, master, coordinator, events_dir):
         "spark.eventLog.rolling.enabled": "false",
         "spark.eventLog.dir": Path(events_dir).as_uri(),
     }
+    for kv in os.environ.get("SLUICE_BENCH_CONF", "").split():
+        k, _, v = kv.partition("=")
+        conf[k] = v
     if mode == "sluice":
         conf["spark.shuffle.manager"] = conftest.manager_class()
         conf["spark.sluice.coordinators"] = coordinator
@@ -118,6 +124,8 @@ def stage_figures(events_dir, timeout=60):
                     read += r.get("Remote Bytes Read", 0) + r.get("Local Bytes Read", 0)
             stages.append({"stage": s["Stage ID"], "name": s["Stage Name"],
                            "seconds": (s["Completion Time"] - s["Submission Time"]) / 1000,
+                           "submitted_ms": s["Submission Time"],
+                           "completed_ms": s["Completion Time"],
                            "tasks": s["Number of Tasks"], "shuffle_write": write,
                            "shuffle_read": read, "executor_cpu_s": cpu_ns / 1e9,
                            "write_time_s": write_ns / 1e9})
@@ -172,6 +180,43 @@ def cpu_seconds(pids):
     return total / os.sysconf("SC_CLK_TCK")
 
 
+class CpuSampler:
+    """Samples the summed CPU seconds of some processes every `interval` s on a thread, so the
+    CPU they used between two wall-clock instants (a stage's submission and completion) can be
+    read afterwards."""
+
+    def __init__(self, pids, interval=0.1):
+        import threading
+
+        self.pids, self.interval = pids, interval
+        self.samples = []  # (epoch s, cpu s)
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stopped.is_set():
+            self.samples.append((time.time(), cpu_seconds(self.pids)))
+            self.stopped.wait(self.interval)
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join()
+
+    def at(self, t):
+        """CPU seconds at epoch time t, interpolated between the samples around it."""
+        xs = self.samples
+        if not xs or t <= xs[0][0]:
+            return xs[0][1] if xs else 0.0
+        for (t0, c0), (t1, c1) in zip(xs, xs[1:]):
+            if t0 <= t <= t1:
+                return c0 + (c1 - c0) * (t - t0) / max(t1 - t0, 1e-9)
+        return xs[-1][1]
+
+    def between(self, t0, t1):
+        return self.at(t1) - self.at(t0)
+
+
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
@@ -181,7 +226,7 @@ def report(runs, out=sys.stdout):
     by_mode = {m: [r for r in runs if r["mode"] == m] for m in ("builtin", "sluice")}
     p = lambda *a: print(*a, file=out)  # noqa: E731
     p(f"{'stage':<40}{'built-in s':>11}{'sluice s':>10}{'ratio':>7}{'shuffle MB w/r':>16}"
-      f"{'exec CPU s':>12}{'write s':>10}")
+      f"{'exec CPU s':>12}{'write s':>10}{'srv CPU s':>11}")
     total = {"builtin": 0.0, "sluice": 0.0}
     for q in QUERIES:
         n = min(len(r["stages"][q]) for r in runs)
@@ -198,15 +243,18 @@ def report(runs, out=sys.stdout):
                            for rs in by_mode.values())
             wt = "/".join(f"{median([r['stages'][q][i]['write_time_s'] for r in rs]):.1f}"
                           for rs in by_mode.values())
+            srv = median([r["stages"][q][i].get("server_cpu_s", float("nan"))
+                          for r in by_mode["sluice"]])
             p(f"{label:<40}{med['builtin']:>11.2f}{med['sluice']:>10.2f}"
-              f"{med['sluice'] / med['builtin']:>7.2f}{mb:>16}{cpu:>12}{wt:>10}")
+              f"{med['sluice'] / med['builtin']:>7.2f}{mb:>16}{cpu:>12}{wt:>10}{srv:>11.1f}")
     p("")
     for q in QUERIES:
         b = median([r["walls"][q] for r in by_mode["builtin"]])
         s = median([r["walls"][q] for r in by_mode["sluice"]])
         p(f"{q + ' (wall)':<40}{b:>11.2f}{s:>10.2f}{s / b:>7.2f}")
     p("exec CPU s, write s: executor CPU time and Spark's shuffle write time summed over the "
-      "stage's tasks, built-in/sluice")
+      "stage's tasks, built-in/sluice; srv CPU s: the Sluice servers' CPU during the stage "
+      "(Sluice runs)")
     p(f"{'sum of stage medians':<40}{total['builtin']:>11.2f}{total['sluice']:>10.2f}"
       f"{total['sluice'] / total['builtin']:>7.2f}")
 
@@ -220,6 +268,7 @@ def orchestrate(args):
         (work / d).mkdir()
     print(f"logs under {work}", flush=True)
     sluice = conftest.SluiceCluster(binary, work / "sluice", servers=2)
+    sampler = CpuSampler([p.proc.pid for p in sluice.servers])
     spark = None
     runs = []
     try:
@@ -243,6 +292,11 @@ def orchestrate(args):
             r["load1_before"] = load
             r["load1_after"] = load1()
             r["sluice_server_cpu_s"] = cpu_seconds(server_pids) - server_cpu
+            time.sleep(2 * sampler.interval)  # a sample after the last stage's end
+            for stages in r["stages"].values():
+                for st in stages:
+                    st["server_cpu_s"] = sampler.between(st["submitted_ms"] / 1000,
+                                                         st["completed_ms"] / 1000)
             runs.append(r)
             walls = " ".join(f"{q}={r['walls'][q]:.1f}s" for q in QUERIES)
             print(f"run {i + 1}/{len(order)} {mode:<8} load {load:.2f} -> "
@@ -250,6 +304,7 @@ def orchestrate(args):
                   f"{r['sluice_server_cpu_s']:.1f} s  ({time.monotonic() - started:.0f} s)",
                   flush=True)
     finally:
+        sampler.stop()
         if spark:
             spark.stop()
         sluice.stop()

@@ -2,6 +2,8 @@
 # Spark shuffle benchmark, built-in vs Sluice, on Spark 4.3 (see bench/spark/bench.py).
 # Usage: bench/spark/run.sh [--runs 3] [--max-load 1.0] [--load-wait 300] [--json out.json]
 #   SLUICE_SPARK_SKIP_BUILD=1 reuses the existing sluice binary and plugin jars.
+#   SLUICE_BENCH_QUERIES=order_by,repart runs only those queries.
+#   SLUICE_BENCH_CONF="spark.k=v ..." adds Spark settings to every run (both modes).
 #   SLUICE_BENCH_SLUICE_CONF="spark.sluice.k=v ..." adds plugin settings to the Sluice runs.
 set -euo pipefail
 
