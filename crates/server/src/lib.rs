@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use sluice_proto::message::{Message, RegisterServer, ServerHeartbeat};
 use sluice_transport::{
-    Admission, ClientConfig, ConnInfo, Handler, Pool, Request, Response, TransportStats,
+    Admission, BodyPool, ClientConfig, ConnInfo, Handler, Pool, Request, Response, TransportStats,
 };
 use tokio::net::TcpListener;
 
@@ -52,6 +52,10 @@ impl Handler for ServerHandler {
             Ok(admitted) => Admission::Accept(Some(Box::new(admitted))),
             Err(reply) => Admission::Reject(reply),
         }
+    }
+
+    fn body_pool(&self) -> Option<Arc<BodyPool>> {
+        Some(self.state.body_pool.clone())
     }
 
     fn handle(
@@ -114,7 +118,11 @@ impl Server {
     /// Prometheus text for the server's counters and gauges.
     pub fn metrics(state: &ServerState, transport: &TransportStats) -> String {
         let t = transport.snapshot();
+        let pool = state.body_pool.stats();
         state.stats.prometheus(&[
+            ("sluice_server_body_buffers_reused_total", pool.reused),
+            ("sluice_server_body_buffers_allocated_total", pool.allocated),
+            ("sluice_server_body_pool_kept_bytes", pool.kept_bytes),
             ("sluice_server_memory_used_bytes", state.budget.used()),
             ("sluice_server_memory_peak_bytes", state.budget.peak()),
             ("sluice_server_memory_budget_bytes", state.budget.capacity()),
@@ -141,6 +149,9 @@ fn raise_open_file_limit() {
     }
 }
 
+/// Pooled body buffers are freed after this long without a push.
+const BODY_POOL_IDLE: Duration = Duration::from_secs(10);
+
 async fn maintenance(state: Arc<ServerState>) {
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     let mut n = 0u64;
@@ -149,6 +160,13 @@ async fn maintenance(state: Arc<ServerState>) {
         state.relieve_pressure();
         n += 1;
         if n.is_multiple_of(20) {
+            let released = state.body_pool.release_if_idle(BODY_POOL_IDLE);
+            if released > 0 {
+                tracing::debug!(
+                    bytes = released,
+                    "no pushes for a while: pooled body buffers freed"
+                );
+            }
             state.expire_apps();
             state.expire_streams();
         }

@@ -50,6 +50,8 @@ pub struct ServerState {
     pub budget: Arc<MemoryBudget>,
     pub storage: Arc<Storage>,
     pub stats: Arc<Stats>,
+    /// Receive buffers of push bodies, reused; bounded by the memory budget.
+    pub body_pool: Arc<sluice_transport::BodyPool>,
     flushers: Flushers,
     apps: Mutex<HashMap<String, Arc<App>>>,
     streams: Mutex<HashMap<u64, Stream>>,
@@ -77,6 +79,9 @@ impl ServerState {
                 stats.flushed_bytes.fetch_add(bytes, Ordering::Relaxed);
             })
         };
+        let body_pool = sluice_transport::BodyPool::new(
+            usize::try_from(config.memory_budget_bytes).unwrap_or(usize::MAX),
+        );
         let flushers =
             Flushers::start(storage.clone(), config.flushers_per_dir, config.flusher_nice, on_done);
         Arc::new(ServerState {
@@ -84,6 +89,7 @@ impl ServerState {
             budget,
             storage,
             stats,
+            body_pool,
             flushers,
             apps: Mutex::new(HashMap::new()),
             streams: Mutex::new(HashMap::new()),

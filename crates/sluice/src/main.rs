@@ -15,21 +15,40 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// mimalloc's id of its `purge_delay` option (`mimalloc.h`, v3; libmimalloc-sys has no name for it).
+/// mimalloc's ids of the options set below (`mimalloc.h`, v3; libmimalloc-sys names neither).
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+const MI_OPTION_ALLOW_THP: libmimalloc_sys::mi_option_t = 43;
 
 /// How long freed memory stays mapped before mimalloc returns it to the kernel, in ms, unless
 /// `MIMALLOC_PURGE_DELAY` says otherwise. mimalloc's default (1 s) gave pages back between a
-/// Spark job's pushes, and every push body that landed on them paid a page fault that zeroes a
-/// 2 MiB huge page: 12% of a server's CPU in a Spark run (perf), and `sluice local` took 2–3x the
-/// minor faults (4 200–5 800 vs 2 000–2 100 with 10 s). What stays mapped is at most the peak of buffered
-/// data, which the memory budget bounds.
+/// Spark job's pushes, and every push body that landed on them paid page faults that zero fresh
+/// memory: 12% of a server's CPU in a Spark run (perf), and `sluice local` took 2–3x the minor
+/// faults (4 200–5 800 vs 2 000–2 100 with 10 s). What stays mapped is at most the peak of
+/// buffered data, which the memory budget bounds.
 const PURGE_DELAY_MS: std::ffi::c_long = 10_000;
 
-fn keep_freed_memory_mapped() {
+/// Sets up the allocator before anything else runs; `MIMALLOC_*` variables override each choice.
+///
+/// Transparent huge pages are turned off for the process (unless `MIMALLOC_ALLOW_THP` is set).
+/// mimalloc asks for them on its arenas, and then a 2 MiB page is resident as a whole while any
+/// block in it lives, so push bodies freed out of order by the flushers leave partly used huge
+/// pages behind. With flushers slowed down (`flusher_nice=10`, pushes answered `Busy` thousands of
+/// times) a server's peak RSS reached 333–372 MiB with a 256 MiB budget in `sluice local`; with
+/// 4 KiB pages it was 245–254 MiB, and at the default settings the push rate did not change
+/// (docs/benchmarks.md).
+fn configure_allocator() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: sets a plain integer option; mimalloc reads it when it next purges.
         unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) }
+    }
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
+        // SAFETY: as above; mimalloc reads it before it next maps memory. Arenas mapped before
+        // main (and asked for huge pages then) are covered by the prctl, which applies to every
+        // mapping of the process, present and future.
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_ALLOW_THP, 0) }
+        if let Err(e) = rustix::thread::disable_transparent_huge_pages(true) {
+            eprintln!("sluice: could not turn transparent huge pages off: {e}");
+        }
     }
 }
 
@@ -56,7 +75,7 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    keep_freed_memory_mapped();
+    configure_allocator();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
@@ -83,16 +102,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn purge_delay_option_id_is_mimallocs() {
-        // The id must name purge_delay: setting it shows through mimalloc's own getter, and its
-        // default (before any set in this test process) is mimalloc v3's 1000 ms.
-        let get = || unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
-        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-            assert_eq!(get(), 1000, "option 15 is not purge_delay (default 1000 ms)");
+    fn allocator_option_ids_are_mimallocs() {
+        // The ids must name the options: their defaults (before any set in this test process)
+        // are mimalloc v3's, as are those of their neighbours, and a set shows through mimalloc's
+        // own getter. One test, so nothing else in this process sets them first.
+        let get = |id| unsafe { libmimalloc_sys::mi_option_get(id) };
+        let (purge_env, thp_env) =
+            (std::env::var_os("MIMALLOC_PURGE_DELAY"), std::env::var_os("MIMALLOC_ALLOW_THP"));
+        if purge_env.is_none() {
+            assert_eq!(get(MI_OPTION_PURGE_DELAY), 1000, "option 15 is not purge_delay (1000 ms)");
         }
-        keep_freed_memory_mapped();
-        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-            assert_eq!(get(), PURGE_DELAY_MS);
+        if thp_env.is_none() {
+            assert_eq!(get(MI_OPTION_ALLOW_THP), 1, "option 43 is not allow_thp (default 1)");
+            // page_cross_thread_max_reclaim (32, options.c) before it, minimal_purge_size (0) after.
+            assert_eq!(
+                get(MI_OPTION_ALLOW_THP - 1),
+                32,
+                "option 42 is not the one before allow_thp"
+            );
+            assert_eq!(get(MI_OPTION_ALLOW_THP + 1), 0, "option 44 is not the one after allow_thp");
+        }
+        configure_allocator();
+        if purge_env.is_none() {
+            assert_eq!(get(MI_OPTION_PURGE_DELAY), PURGE_DELAY_MS);
+        }
+        if thp_env.is_none() {
+            assert_eq!(get(MI_OPTION_ALLOW_THP), 0);
+            assert!(
+                rustix::thread::transparent_huge_pages_are_disabled().unwrap(),
+                "THP still allowed for the process"
+            );
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Turns the read half of a socket into frames: header and fields first (so the receiver can
 //! decide about the body — reserve memory, or refuse it), then exactly the body.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -9,6 +10,7 @@ use sluice_proto::{Message, HEADER_LEN};
 use tokio::io::AsyncReadExt;
 use tokio::net::tcp::OwnedReadHalf;
 
+use crate::body_pool::BodyPool;
 use crate::error::TransportError;
 
 /// Bytes asked of the socket per read while looking for a frame head.
@@ -27,6 +29,8 @@ pub struct FrameReader {
     /// frame's first byte is not limited.
     idle_timeout: Option<Duration>,
     scratch: Vec<u8>,
+    /// Where mid-sized bodies get their buffers (`None`: each body is a new allocation).
+    pool: Option<Arc<BodyPool>>,
 }
 
 impl FrameReader {
@@ -38,7 +42,13 @@ impl FrameReader {
             max_frame_bytes,
             idle_timeout,
             scratch: Vec::new(),
+            pool: None,
         }
+    }
+
+    /// Takes the buffers of later bodies from `pool`.
+    pub fn set_body_pool(&mut self, pool: Option<Arc<BodyPool>>) {
+        self.pool = pool;
     }
 
     /// Reads the next frame's header and fields, leaving its body unread. `Ok(None)` when the
@@ -77,8 +87,9 @@ impl FrameReader {
         }
     }
 
-    /// Reads exactly `len` body bytes into a buffer of exactly that size (never a view into a
-    /// larger read buffer, so what the body holds is what was reserved for it).
+    /// Reads exactly `len` body bytes into a buffer of its own (never a view into a larger read
+    /// buffer, so what the body holds is what was reserved for it): from the body pool when one
+    /// is set and the size is pooled (capacity rounded up to 64 KiB), else of exactly `len`.
     pub async fn read_body(&mut self, len: u32) -> Result<Bytes, TransportError> {
         let len = len as usize;
         if len == 0 {
@@ -89,6 +100,23 @@ impl FrameReader {
             let body = Bytes::copy_from_slice(&self.buf[..len]);
             self.buf.advance(len);
             return Ok(body);
+        }
+        if let Some(pool) = self.pool.as_ref().filter(|_| BodyPool::pools(len)) {
+            let mut body = pool.take(len);
+            let dst = body.bytes_mut();
+            dst[..have].copy_from_slice(&self.buf[..have]);
+            self.buf.advance(have);
+            let mut filled = have;
+            while filled < len {
+                let n = with_idle(self.idle_timeout, self.rd.read(&mut dst[filled..])).await?;
+                if n == 0 {
+                    return Err(TransportError::Closed(
+                        "peer closed the connection mid-body".into(),
+                    ));
+                }
+                filled += n;
+            }
+            return Ok(body.freeze());
         }
         let mut body = BytesMut::with_capacity(len);
         body.extend_from_slice(&self.buf[..have]);

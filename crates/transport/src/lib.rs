@@ -18,6 +18,7 @@
 //! - `sys`: the raw `sendfile` / `posix_fadvise` / `pread` calls; `socket`: socket options.
 
 pub mod body;
+pub mod body_pool;
 pub mod client;
 pub mod codec;
 pub mod config;
@@ -30,6 +31,7 @@ pub mod stats;
 mod sys;
 
 pub use body::{Body, FileRegion};
+pub use body_pool::{BodyPool, BodyPoolStats};
 pub use client::{Connection, Reply};
 pub use codec::FrameReader;
 pub use config::{ClientConfig, ServerConfig};

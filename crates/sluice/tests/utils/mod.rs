@@ -158,6 +158,14 @@ impl Proc {
         proc_status_kib(self.pid, "VmHWM:") * 1024
     }
 
+    /// Whether the kernel may back the child's memory with transparent huge pages
+    /// (`THP_enabled` in /proc/PID/status); `None` when the kernel does not say.
+    pub fn thp_enabled(&self) -> Option<bool> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
+        let line = status.lines().find(|l| l.starts_with("THP_enabled:"))?;
+        Some(line.split_whitespace().nth(1)? != "0")
+    }
+
     /// The child's stderr so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

@@ -69,6 +69,7 @@ pub(super) async fn run<H: Handler>(
     let idle = millis(cfg.idle_timeout_ms);
     let (rd, mut wr) = stream.into_split();
     let mut reader = FrameReader::new(rd, HANDSHAKE_MAX_FRAME_BYTES, idle);
+    reader.set_body_pool(handler.body_pool());
 
     let handshake = tokio::select! {
         r = handshake(&mut reader, &cfg, idle, id, peer) => r,

@@ -101,6 +101,12 @@ pub trait Handler: Send + Sync + 'static {
         req: Request,
     ) -> impl Future<Output = Response> + Send + 'static;
 
+    /// Where request bodies get their buffers: a pool shared by every connection, or `None`
+    /// for a new allocation per body. Asked once per connection.
+    fn body_pool(&self) -> Option<Arc<crate::BodyPool>> {
+        None
+    }
+
     /// Called once when a connection that completed its handshake is gone.
     fn connection_closed(&self, conn: &ConnInfo) {
         let _ = conn;
