@@ -27,21 +27,23 @@ const MI_OPTION_ALLOW_THP: libmimalloc_sys::mi_option_t = 43;
 /// buffered data, which the memory budget bounds.
 const PURGE_DELAY_MS: std::ffi::c_long = 10_000;
 
-/// Sets up the allocator before anything else runs; `MIMALLOC_*` variables override each choice.
+/// Sets up the allocator before the command runs; `MIMALLOC_*` variables override each choice.
 ///
-/// Transparent huge pages are turned off for the process (unless `MIMALLOC_ALLOW_THP` is set).
+/// A server (`server`) turns transparent huge pages off for its process (unless
+/// `MIMALLOC_ALLOW_THP` is set).
 /// mimalloc asks for them on its arenas, and then a 2 MiB page is resident as a whole while any
 /// block in it lives, so push bodies freed out of order by the flushers leave partly used huge
 /// pages behind. With flushers slowed down (`flusher_nice=10`, pushes answered `Busy` thousands of
 /// times) a server's peak RSS reached 333–372 MiB with a 256 MiB budget in `sluice local`; with
 /// 4 KiB pages it was 245–254 MiB, and at the default settings the push rate did not change
-/// (docs/benchmarks.md).
-fn configure_allocator() {
+/// (docs/benchmarks.md). Other commands keep huge pages: there, 4 KiB pages only cost faults
+/// (`sluice local`'s own process: 228 k minor faults per run instead of 1.6 k).
+fn configure_allocator(server: bool) {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: sets a plain integer option; mimalloc reads it when it next purges.
         unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS) }
     }
-    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
+    if server && std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
         // SAFETY: as above; mimalloc reads it before it next maps memory. Arenas mapped before
         // main (and asked for huge pages then) are covered by the prctl, which applies to every
         // mapping of the process, present and future.
@@ -75,7 +77,8 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    configure_allocator();
+    let cli = Cli::parse();
+    configure_allocator(matches!(cli.command, Command::Server(_)));
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
@@ -83,7 +86,7 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let rt = || tokio::runtime::Builder::new_multi_thread().enable_all().build();
-    match Cli::parse().command {
+    match cli.command {
         Command::Server(args) => rt()?.block_on(serve::server(args)),
         Command::Coordinator(args) => rt()?.block_on(serve::coordinator(args)),
         Command::Local(args) => {
@@ -122,7 +125,7 @@ mod tests {
             );
             assert_eq!(get(MI_OPTION_ALLOW_THP + 1), 0, "option 44 is not the one after allow_thp");
         }
-        configure_allocator();
+        configure_allocator(true);
         if purge_env.is_none() {
             assert_eq!(get(MI_OPTION_PURGE_DELAY), PURGE_DELAY_MS);
         }
