@@ -23,15 +23,15 @@ const MI_OPTION_ALLOW_THP: libmimalloc_sys::mi_option_t = 43;
 /// `MIMALLOC_PURGE_DELAY` says otherwise. mimalloc's default (1 s) gave pages back between a
 /// Spark job's pushes, and every push body that landed on them paid page faults that zero fresh
 /// memory: 12% of a server's CPU in a Spark run (perf), and `sluice local` took 2–3x the minor
-/// faults (4 200–5 800 vs 2 000–2 100 with 10 s). What stays mapped is at most the peak of
-/// buffered data, which the memory budget bounds.
+/// faults (4 200–5 800 vs 2 000–2 100 with 10 s). Push bodies reuse pooled buffers (bounded by
+/// the memory budget), so what else stays mapped is small; without the pool the allocator kept
+/// freed bodies mapped while new ones took fresh memory.
 const PURGE_DELAY_MS: std::ffi::c_long = 10_000;
 
 /// Sets up the allocator before the command runs; `MIMALLOC_*` variables override each choice.
 ///
 /// A server (`server`) turns transparent huge pages off for its process (unless
-/// `MIMALLOC_ALLOW_THP` is set).
-/// mimalloc asks for them on its arenas, and then a 2 MiB page is resident as a whole while any
+/// `MIMALLOC_ALLOW_THP` is set): mimalloc asks for them on its arenas, and then a 2 MiB page is resident as a whole while any
 /// block in it lives, so push bodies freed out of order by the flushers leave partly used huge
 /// pages behind. With flushers slowed down (`flusher_nice=10`, pushes answered `Busy` thousands of
 /// times) a server's peak RSS reached 333–372 MiB with a 256 MiB budget in `sluice local`; with
