@@ -23,12 +23,18 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-/// Files of deleted shuffles waiting for reuse, oldest first, and their total length.
+/// Files of deleted shuffles waiting for reuse, oldest first.
 #[derive(Debug, Default)]
 struct Pool {
     /// Handle, path in the pool, length.
     files: Vec<(Arc<File>, PathBuf, u64)>,
-    bytes: u64,
+}
+
+impl Pool {
+    /// Total length of the pooled files (a handful: the cap over a partition file's size).
+    fn bytes(&self) -> u64 {
+        self.files.iter().map(|(_, _, len)| len).sum()
+    }
 }
 
 /// Name of the pool directory inside each data directory.
@@ -90,12 +96,11 @@ impl DataDir {
         if len > limit {
             return false;
         }
-        while pool.bytes + len > limit {
+        while pool.bytes() + len > limit {
             let Some(i) = pool.files.iter().position(|(f, _, _)| Arc::strong_count(f) == 1) else {
                 return false;
             };
-            let (_, old, old_len) = pool.files.remove(i);
-            pool.bytes -= old_len;
+            let (_, old, _) = pool.files.remove(i);
             if let Err(e) = std::fs::remove_file(&old) {
                 tracing::warn!(path = %old.display(), error = %e, "cannot delete a recycled file");
             }
@@ -108,7 +113,6 @@ impl DataDir {
             tracing::debug!(path = %path.display(), error = %e, "not recycled");
             return false;
         }
-        pool.bytes += len;
         pool.files.push((file, to, len));
         true
     }
@@ -119,8 +123,7 @@ impl DataDir {
         // Newest first: its pages are the likeliest to be still cached.
         let i = pool.files.iter().rposition(|(f, _, _)| Arc::strong_count(f) == 1)?;
         // `remove`, not `swap_remove`: the rest stay oldest first for `recycle`.
-        let (file, from, len) = pool.files.remove(i);
-        pool.bytes -= len;
+        let (file, from, _) = pool.files.remove(i);
         drop(pool);
         let moved = match path.parent() {
             Some(parent) => std::fs::create_dir_all(parent),
@@ -143,7 +146,7 @@ impl DataDir {
 
     /// Bytes in the recycle pool.
     pub fn pooled_bytes(&self) -> u64 {
-        self.pool.lock().bytes
+        self.pool.lock().bytes()
     }
 }
 
@@ -245,8 +248,9 @@ pub fn create_file(path: &Path) -> io::Result<File> {
 mod tests {
     use super::*;
 
+    /// `<dir>/<name>.data`, `len` bytes long.
     fn file_with(dir: &Path, name: &str, len: usize) -> (Arc<File>, PathBuf) {
-        let p = dir.join(name);
+        let p = dir.join(format!("{name}.data"));
         std::fs::write(&p, vec![7u8; len]).unwrap();
         (Arc::new(File::open(&p).unwrap()), p)
     }
@@ -256,9 +260,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let storage = Storage::open(&[tmp.path().to_path_buf()], 10_000);
         let dir = &storage.dirs()[0];
-        let (a, pa) = file_with(tmp.path(), "a.data", 4000);
-        let (b, pb) = file_with(tmp.path(), "b.data", 4000);
-        let (c, pc) = file_with(tmp.path(), "c.data", 4000);
+        let [(a, pa), (b, pb), (c, pc)] = ["a", "b", "c"].map(|n| file_with(tmp.path(), n, 4000));
         let reader_of_a = a.clone(); // an open stream still sending from `a`
         assert!(dir.recycle(a, &pa));
         let held_b = b.clone(); // b is held too while c comes in
@@ -285,16 +287,14 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let storage = Storage::open(&[tmp.path().to_path_buf()], 10_000);
         let dir = &storage.dirs()[0];
-        let (a, pa) = file_with(tmp.path(), "a.data", 4000);
-        let (b, pb) = file_with(tmp.path(), "b.data", 4000);
-        let (c, pc) = file_with(tmp.path(), "c.data", 4000);
+        let [(a, pa), (b, pb), (c, pc)] = ["a", "b", "c"].map(|n| file_with(tmp.path(), n, 4000));
         assert!(dir.recycle(a, &pa));
         assert!(dir.recycle(b, &pb));
         assert!(dir.recycle(c, &pc), "a, the oldest, makes room");
         assert_eq!(dir.pooled_bytes(), 8000);
         let pooled = std::fs::read_dir(tmp.path().join(RECYCLE_DIR)).unwrap().count();
         assert_eq!(pooled, 2, "a's file is deleted");
-        let (big, pbig) = file_with(tmp.path(), "big.data", 20_000);
+        let (big, pbig) = file_with(tmp.path(), "big", 20_000);
         assert!(!dir.recycle(big, &pbig), "larger than the whole pool");
         assert_eq!(dir.pooled_bytes(), 8000);
     }
@@ -303,7 +303,7 @@ mod tests {
     fn a_zero_cap_keeps_nothing() {
         let tmp = tempfile::tempdir().unwrap();
         let storage = Storage::open(&[tmp.path().to_path_buf()], 0);
-        let (a, pa) = file_with(tmp.path(), "a.data", 100);
+        let (a, pa) = file_with(tmp.path(), "a", 100);
         assert!(!storage.dirs()[0].recycle(a, &pa));
         assert!(pa.exists(), "left for the caller to delete");
     }

@@ -183,17 +183,7 @@ async fn unregister_during_pushes_leaves_no_files() {
         let client = client("busy-unreg", None);
         let a = assignment(3, &[server.addr], 16);
         register_direct(&client, &a, 4).await.unwrap();
-        let mut tasks = Vec::new();
-        for m in 0..4u32 {
-            let (client, a) = (client.clone(), a.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut w = client.writer(a, m, 0).await?;
-                for seq in 0..4000u32 {
-                    w.add_batch(seq % 16, &framed(&[record(m, 0, seq, 70_000)])).await?;
-                }
-                w.finish().await
-            }));
-        }
+        let tasks = spawn_writers(&client, &a, 4, 4000, 70_000, |_, seq| seq % 16);
         let dir = data.join("busy-unreg").join("3");
         let started = eventually(10, || data_files(&dir).len() >= 8).await;
         assert!(started, "pushes did not reach the disk");

@@ -41,7 +41,6 @@ async fn sixteen_writers_stay_within_the_memory_budget() {
         // Expected per partition: (records, sum of CRC32C).
         let records_per_map = (BYTES_PER_MAP / RECORD_BYTES) as u32;
         let mut expect: HashMap<u32, (usize, u64)> = HashMap::new();
-        let mut tasks = Vec::new();
         for m in 0..MAPS {
             for seq in 0..records_per_map {
                 let p = (seq + m) % PARTITIONS;
@@ -49,16 +48,10 @@ async fn sixteen_writers_stay_within_the_memory_budget() {
                 e.0 += 1;
                 e.1 += crc32c::crc32c(&record(m, 0, seq, RECORD_BYTES)) as u64;
             }
-            let (client, a) = (client.clone(), a.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut w = client.writer(a, m, 0).await?;
-                for seq in 0..records_per_map {
-                    let payload = framed(&[record(m, 0, seq, RECORD_BYTES)]);
-                    w.add_batch((seq + m) % PARTITIONS, &payload).await?;
-                }
-                w.finish().await
-            }));
         }
+        let tasks = spawn_writers(&client, &a, MAPS, records_per_map, RECORD_BYTES, |m, seq| {
+            (seq + m) % PARTITIONS
+        });
         for t in tasks {
             t.await.expect("map task").expect("map task pushes everything");
         }
@@ -68,10 +61,7 @@ async fn sixteen_writers_stay_within_the_memory_budget() {
         for p in 0..PARTITIONS {
             let r = read_partition(&client, &a, p, 0, MAPS).await.expect("read");
             assert_eq!(r.tally(), expect[&p], "partition {p}: (records, checksum)");
-            let ids = r.ids();
-            let mut dedup = ids.clone();
-            dedup.dedup();
-            assert_eq!(ids.len(), dedup.len(), "partition {p}: a record read twice");
+            r.unique_ids(format!("partition {p}"));
         }
 
         let peak = server.peak_rss_bytes();
@@ -140,17 +130,7 @@ async fn a_tiny_budget_answers_busy_and_loses_nothing() {
         let a = assignment(1, &[server.addr], parts);
         register_direct(&client, &a, 8).await.unwrap();
         let per_map = 160u32; // × 256 KiB = 40 MiB per map, 320 MiB in all
-        let mut tasks = Vec::new();
-        for m in 0..8u32 {
-            let (client, a) = (client.clone(), a.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut w = client.writer(a, m, 0).await?;
-                for seq in 0..per_map {
-                    w.add_batch(seq % parts, &framed(&[record(m, 0, seq, 256 << 10)])).await?;
-                }
-                w.finish().await
-            }));
-        }
+        let tasks = spawn_writers(&client, &a, 8, per_map, 256 << 10, move |_, seq| seq % parts);
         for t in tasks {
             if let Err(e) = t.await.unwrap() {
                 panic!("a writer did not ride out Busy: {e}");
@@ -159,11 +139,7 @@ async fn a_tiny_budget_answers_busy_and_loses_nothing() {
         client.commit_shuffle(&a).await.unwrap();
         let mut n = 0;
         for p in 0..parts {
-            let r = read_partition(&client, &a, p, 0, 8).await.unwrap();
-            let ids = r.ids();
-            let mut dedup = ids.clone();
-            dedup.dedup();
-            assert_eq!(ids.len(), dedup.len(), "duplicates in partition {p}");
+            let ids = read_partition(&client, &a, p, 0, 8).await.unwrap().unique_ids(p);
             assert!(ids.iter().all(|id| id.seq % parts == p));
             n += ids.len();
         }
@@ -213,28 +189,15 @@ async fn slow_flushers_keep_resident_memory_within_the_budget() {
         let (maps, parts, per_map) = (8u32, 32u32, 1024u32); // × 32 KiB: 32 MiB per map
         let a = assignment(1, &[server.addr], parts);
         register_direct(&client, &a, maps).await.unwrap();
-        let mut tasks = Vec::new();
-        for m in 0..maps {
-            let (client, a) = (client.clone(), a.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut w = client.writer(a, m, 0).await?;
-                for seq in 0..per_map {
-                    w.add_batch((seq + m) % parts, &framed(&[record(m, 0, seq, 32 << 10)])).await?;
-                }
-                w.finish().await
-            }));
-        }
+        let tasks =
+            spawn_writers(&client, &a, maps, per_map, 32 << 10, move |m, seq| (seq + m) % parts);
         for t in tasks {
             t.await.unwrap().expect("a writer rides out Busy");
         }
         client.commit_shuffle(&a).await.unwrap();
         let mut n = 0;
         for p in 0..parts {
-            let ids = read_partition(&client, &a, p, 0, maps).await.unwrap().ids();
-            let mut dedup = ids.clone();
-            dedup.dedup();
-            assert_eq!(ids.len(), dedup.len(), "duplicates in partition {p}");
-            n += ids.len();
+            n += read_partition(&client, &a, p, 0, maps).await.unwrap().unique_ids(p).len();
         }
         assert_eq!(n, (maps * per_map) as usize);
         let m = server.metrics().await;

@@ -12,7 +12,6 @@
 //! Buffers are sized in 64 KiB steps, so a body wastes less than 64 KiB; bodies under
 //! [`MIN_POOLED`] or over [`MAX_POOLED`] bypass the pool.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -32,11 +31,6 @@ const CLASSES: usize = MAX_POOLED / GRANULE;
 pub struct BodyPool {
     limit: usize,
     inner: Mutex<Free>,
-    reused: AtomicU64,
-    allocated: AtomicU64,
-    created: Instant,
-    /// When a buffer was last taken, in ms since `created`.
-    last_take_ms: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -47,6 +41,11 @@ struct Free {
     kept: usize,
     /// Capacity of the pool's buffers currently held by bodies.
     out: usize,
+    /// Bodies that got a kept buffer / a new allocation.
+    reused: u64,
+    allocated: u64,
+    /// When a buffer was last taken (or the pool made).
+    last_take: Instant,
 }
 
 /// Counters of a [`BodyPool`].
@@ -68,11 +67,14 @@ impl BodyPool {
     pub fn new(limit: usize) -> Arc<Self> {
         Arc::new(BodyPool {
             limit,
-            inner: Mutex::new(Free { lists: vec![Vec::new(); CLASSES], kept: 0, out: 0 }),
-            reused: AtomicU64::new(0),
-            allocated: AtomicU64::new(0),
-            created: Instant::now(),
-            last_take_ms: AtomicU64::new(0),
+            inner: Mutex::new(Free {
+                lists: vec![Vec::new(); CLASSES],
+                kept: 0,
+                out: 0,
+                reused: 0,
+                allocated: 0,
+                last_take: Instant::now(),
+            }),
         })
     }
 
@@ -90,38 +92,30 @@ impl BodyPool {
     /// content is whatever an earlier body left there.
     pub fn take(self: &Arc<Self>, len: usize) -> PooledBuf {
         debug_assert!(Self::pools(len));
-        self.last_take_ms.store(self.created.elapsed().as_millis() as u64, Relaxed);
         let class = len.div_ceil(GRANULE) - 1;
         let cap = (class + 1) * GRANULE;
-        let reused = {
+        let kept = {
             let mut free = self.free();
+            free.last_take = Instant::now();
+            free.out += cap;
             let buf = free.lists[class].pop();
             if buf.is_some() {
                 free.kept -= cap;
+                free.reused += 1;
             } else {
-                // Room for a new buffer within the limit: give kept buffers of other sizes back
+                free.allocated += 1;
+                // Room for the new buffer within the limit: kept buffers of other sizes go back
                 // to the allocator, largest first.
-                let mut c = CLASSES;
-                while free.out + free.kept + cap > self.limit && free.kept > 0 && c > 0 {
-                    c -= 1;
-                    while free.out + free.kept + cap > self.limit && free.lists[c].pop().is_some() {
-                        free.kept -= (c + 1) * GRANULE;
-                    }
+                while free.out + free.kept > self.limit {
+                    let Some(c) = free.lists.iter().rposition(|l| !l.is_empty()) else { break };
+                    free.lists[c].pop();
+                    free.kept -= (c + 1) * GRANULE;
                 }
             }
-            free.out += cap;
             buf
         };
-        let buf = match reused {
-            Some(b) => {
-                self.reused.fetch_add(1, Relaxed);
-                b
-            }
-            None => {
-                self.allocated.fetch_add(1, Relaxed);
-                vec![0u8; cap].into_boxed_slice()
-            }
-        };
+        // Allocated outside the lock.
+        let buf = kept.unwrap_or_else(|| vec![0u8; cap].into_boxed_slice());
         PooledBuf { buf: Some(buf), len, pool: self.clone() }
     }
 
@@ -139,11 +133,10 @@ impl BodyPool {
     /// Gives every kept buffer back to the allocator when no buffer was taken for `idle`, so a
     /// server between jobs does not sit on its budget's worth of memory. Returns the bytes given.
     pub fn release_if_idle(&self, idle: Duration) -> usize {
-        let last = Duration::from_millis(self.last_take_ms.load(Relaxed));
-        if self.created.elapsed().saturating_sub(last) < idle {
+        let mut free = self.free();
+        if free.last_take.elapsed() < idle {
             return 0;
         }
-        let mut free = self.free();
         let kept = free.kept;
         free.lists.iter_mut().for_each(Vec::clear);
         free.kept = 0;
@@ -154,8 +147,8 @@ impl BodyPool {
     pub fn stats(&self) -> BodyPoolStats {
         let free = self.free();
         BodyPoolStats {
-            reused: self.reused.load(Relaxed),
-            allocated: self.allocated.load(Relaxed),
+            reused: free.reused,
+            allocated: free.allocated,
             kept_bytes: free.kept as u64,
             out_bytes: free.out as u64,
         }

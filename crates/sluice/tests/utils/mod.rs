@@ -551,6 +551,41 @@ impl ReadResult {
         v.sort_unstable();
         v
     }
+
+    /// Sorted ids, asserting that no record was read twice (`what` names the partition).
+    pub fn unique_ids(&self, what: impl std::fmt::Display) -> Vec<RecordId> {
+        let ids = self.ids();
+        let mut dedup = ids.clone();
+        dedup.dedup();
+        assert_eq!(ids.len(), dedup.len(), "{what}: a record read twice");
+        ids
+    }
+}
+
+/// Starts one writer task per map `m` in `0..maps`: it pushes `per_map` batches of one record
+/// each, `record(m, 0, seq, record_len)`, to partition `partition(m, seq)`, and finishes. Each
+/// task's result is its writer's `finish()`.
+pub fn spawn_writers(
+    client: &ShuffleClient,
+    a: &Arc<Assignment>,
+    maps: u32,
+    per_map: u32,
+    record_len: usize,
+    partition: impl Fn(u32, u32) -> u32 + Copy + Send + 'static,
+) -> Vec<tokio::task::JoinHandle<Result<Vec<u64>, ClientError>>> {
+    (0..maps)
+        .map(|m| {
+            let (client, a) = (client.clone(), a.clone());
+            tokio::spawn(async move {
+                let mut w = client.writer(a, m, 0).await?;
+                for seq in 0..per_map {
+                    w.add_batch(partition(m, seq), &framed(&[record(m, 0, seq, record_len)]))
+                        .await?;
+                }
+                w.finish().await
+            })
+        })
+        .collect()
 }
 
 /// Reads partition `p` over maps `[start, end)` with the native reader.
