@@ -2,7 +2,6 @@ package io.sluice.client;
 
 import io.netty.buffer.ByteBuf;
 import io.netty.buffer.ByteBufAllocator;
-import io.netty.buffer.CompositeByteBuf;
 import io.netty.buffer.PooledByteBufAllocator;
 import io.netty.buffer.Unpooled;
 import io.sluice.protocol.Batch;
@@ -19,9 +18,7 @@ import java.nio.charset.StandardCharsets;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.Arrays;
-import java.util.LinkedHashMap;
 import java.util.List;
-import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.Condition;
@@ -36,6 +33,12 @@ import org.slf4j.LoggerFactory;
  * frames them with their CRC32C, buffers them per server and sends a server's buffered batches as
  * one {@code PushMerged} once about {@code pushBatchBytes} are buffered for it. With replication a
  * batch goes to the partition's primary and replica.
+ *
+ * <p>Each server's batches are copied, as they come, into one direct buffer that becomes the
+ * frame: it starts with room for the frame's header and fields, written in place when it is sent,
+ * and a section per run of batches of one partition follows the order they came in. So a push is
+ * one pooled buffer, one write through the channel's pipeline and one release, whatever the number
+ * of batches in it (at most {@link #MAX_SECTIONS} sections; a frame is sent when it is full).
  *
  * <p>At most {@code maxInFlightBytes} pushed bytes wait for their acknowledgement; above that
  * {@code addBatch} blocks. A push answered {@code Busy} is resent after its back-off (at most
@@ -68,6 +71,10 @@ public final class ShuffleWriterClient implements AutoCloseable {
   private final int attemptId;
   private final ShuffleAssignment assignment;
   private final ByteBufAllocator alloc = PooledByteBufAllocator.DEFAULT;
+  /** Most sections in one push: bounds the room reserved for the fields in front of the body. */
+  static final int MAX_SECTIONS = 256;
+  /** Bytes reserved in front of each frame's body for its header and fields. */
+  private final int headroom;
 
   private final int[] batchCounts;
   private final long[] bytesPushed;
@@ -95,19 +102,36 @@ public final class ShuffleWriterClient implements AutoCloseable {
   private long blockedNanos;
   private int winningAttempt = -1;
 
-  /** The batches buffered for one server: per partition, in arrival order. */
+  /** The push being filled for one server. */
   private static final class ServerBuffer {
-    final Map<Integer, List<ByteBuf>> partitions = new LinkedHashMap<>();
+    /** Null while empty; else {@code headroom} bytes, then the batches (its readable bytes). */
+    ByteBuf frame;
+    final List<PushMerged.Section> sections = new ArrayList<>();
+    int lastPartition = -1;
+    int sectionStart;
+    /** Body bytes buffered. */
     int bytes;
-    int batches;
+
+    /** Drops the buffered batches. */
+    void clear() {
+      if (frame != null) {
+        frame.release();
+        frame = null;
+      }
+      sections.clear();
+      lastPartition = -1;
+      bytes = 0;
+    }
   }
 
   /** One PushMerged frame until it is acknowledged or has failed for good. */
   private static final class PushTask {
     final int server;
     final PushMerged message;
-    final ByteBuf body; // owned by the task until done
+    final ByteBuf body; // owned by the task until done; headroom in front of its readable bytes
     final int bytes;
+    /** Whether it was sent once: the headroom holds that send's head, resends get their own. */
+    boolean sent;
     int busyRetries;
     int errorRetries;
     long notBeforeNanos;
@@ -145,11 +169,17 @@ public final class ShuffleWriterClient implements AutoCloseable {
     int overhead = FrameHeader.HEADER_BYTES + 2 + appId.getBytes(StandardCharsets.UTF_8).length
         + 8 + 12 + Batch.HEADER_BYTES;
     this.maxBatchPayload = conf.maxFrameBytes() - overhead;
+    this.headroom = FrameHeader.HEADER_BYTES + PushMerged.fieldsBytes(appId, MAX_SECTIONS);
   }
 
   /** {@link #addBatch(int, ByteBuf)} for a byte array. */
   public void addBatch(int partition, byte[] payload) {
-    addBatch(partition, Unpooled.wrappedBuffer(payload));
+    addBatch(partition, payload, 0, payload.length);
+  }
+
+  /** {@link #addBatch(int, ByteBuf)} for {@code len} bytes of an array from {@code offset}. */
+  public void addBatch(int partition, byte[] payload, int offset, int len) {
+    addBatch(partition, Unpooled.wrappedBuffer(payload, offset, len));
   }
 
   /**
@@ -175,37 +205,40 @@ public final class ShuffleWriterClient implements AutoCloseable {
     }
     int[] servers = liveServers(partition);
     int size = Batch.HEADER_BYTES + len;
-    ByteBuf batch = alloc.directBuffer(size, size);
-    Batch.header(mapId, attemptId, batchCounts[partition], payload).write(batch);
-    batch.writeBytes(payload, payload.readerIndex(), len);
+    Batch.Header header = Batch.header(mapId, attemptId, batchCounts[partition], payload);
     batchCounts[partition]++;
     bytesPushed[partition] += size;
+    for (int s : servers) {
+      ServerBuffer sb = buffers[s];
+      if (sb.bytes > 0 && ((long) sb.bytes + size > conf.pushBatchBytes()
+          || (partition != sb.lastPartition && sb.sections.size() + 1 == MAX_SECTIONS))) {
+        // (the + 1 is the open section, which the new partition would close)
+        flush(s);
+      }
+      if (sb.frame == null) {
+        int capacity = headroom + Math.max(conf.pushBatchBytes(), size);
+        sb.frame = alloc.directBuffer(capacity, capacity);
+        sb.frame.setIndex(headroom, headroom);
+      }
+      if (partition != sb.lastPartition) {
+        closeSection(sb);
+        sb.lastPartition = partition;
+        sb.sectionStart = sb.bytes;
+      }
+      header.write(sb.frame);
+      sb.frame.writeBytes(payload, payload.readerIndex(), len);
+      sb.bytes += size;
+      if (sb.bytes >= conf.pushBatchBytes()) {
+        flush(s);
+      }
+    }
+  }
 
-    // Each server's buffer gets one reference; the last gets ours. A flush can throw (an earlier
-    // push failed): then our reference, if not handed on yet, is released here; the buffers'
-    // references go with close().
-    boolean handedOn = false;
-    try {
-      for (int i = 0; i < servers.length; i++) {
-        ServerBuffer sb = buffers[servers[i]];
-        if (sb.bytes > 0 && (long) sb.bytes + size > conf.pushBatchBytes()) {
-          flush(servers[i]);
-        }
-        boolean last = i == servers.length - 1;
-        sb.partitions.computeIfAbsent(partition, k -> new ArrayList<>())
-            .add(last ? batch : batch.retainedDuplicate());
-        handedOn = last;
-        sb.bytes += size;
-        sb.batches++;
-        if (sb.bytes >= conf.pushBatchBytes()) {
-          flush(servers[i]);
-        }
-      }
-    } catch (RuntimeException e) {
-      if (!handedOn) {
-        batch.release();
-      }
-      throw e;
+  /** Ends the section of the batches buffered last, if any. */
+  private static void closeSection(ServerBuffer sb) {
+    if (sb.lastPartition >= 0) {
+      sb.sections.add(new PushMerged.Section(sb.lastPartition, sb.sectionStart,
+          sb.bytes - sb.sectionStart));
     }
   }
 
@@ -255,30 +288,15 @@ public final class ShuffleWriterClient implements AutoCloseable {
       return;
     }
     if (isGivenUp(s)) {
-      // Buffered before the writer gave up on s: dropped, the other copy has them.
-      for (List<ByteBuf> l : sb.partitions.values()) {
-        l.forEach(ByteBuf::release);
-      }
-      sb.partitions.clear();
-      sb.bytes = 0;
-      sb.batches = 0;
+      sb.clear(); // buffered before the writer gave up on s: the other copy has them
       return;
     }
-    CompositeByteBuf body = alloc.compositeDirectBuffer(Math.max(2, sb.batches));
-    List<PushMerged.Section> sections = new ArrayList<>();
-    int offset = 0;
-    for (Map.Entry<Integer, List<ByteBuf>> e : sb.partitions.entrySet()) {
-      int start = offset;
-      for (ByteBuf b : e.getValue()) {
-        offset += b.readableBytes();
-        body.addComponent(true, b);
-      }
-      sections.add(new PushMerged.Section(e.getKey(), start, offset - start));
-    }
-    sb.partitions.clear();
-    sb.bytes = 0;
-    sb.batches = 0;
-    PushTask task = new PushTask(s, new PushMerged(appId, shuffleId, sections), body);
+    closeSection(sb);
+    PushMerged message = new PushMerged(appId, shuffleId, sb.sections);
+    ByteBuf body = sb.frame;
+    sb.frame = null;
+    sb.clear();
+    PushTask task = new PushTask(s, message, body);
     try {
       reserve(task.bytes);
     } catch (RuntimeException e) {
@@ -391,7 +409,13 @@ public final class ShuffleWriterClient implements AutoCloseable {
       onResponse(task, null, e);
       return;
     }
-    CompletableFuture<Frame> f = client.request(task.message, task.body.retainedDuplicate());
+    // The first send writes its head into the body's headroom: one buffer. A resend must not
+    // touch those bytes (the first may still be queued on a dead connection): its head is a
+    // buffer of its own.
+    CompletableFuture<Frame> f = task.sent
+        ? client.request(task.message, task.body.retainedDuplicate())
+        : client.requestInHeadroom(task.message, task.body.retainedDuplicate());
+    task.sent = true;
     f.whenComplete((frame, err) -> onResponse(task, frame, err));
   }
 
@@ -654,11 +678,7 @@ public final class ShuffleWriterClient implements AutoCloseable {
       lock.unlock();
     }
     for (ServerBuffer sb : buffers) {
-      for (List<ByteBuf> l : sb.partitions.values()) {
-        l.forEach(ByteBuf::release);
-      }
-      sb.partitions.clear();
-      sb.bytes = 0;
+      sb.clear();
     }
   }
 }

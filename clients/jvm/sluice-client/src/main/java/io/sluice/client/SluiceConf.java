@@ -22,7 +22,7 @@ import java.util.Map;
  * <tr><td>sluice.client.connectionsPerPeer</td><td>2</td><td>connections pooled per server</td></tr>
  * <tr><td>sluice.client.connectTimeoutMs</td><td>10000</td><td>TCP connect + handshake timeout</td></tr>
  * <tr><td>sluice.client.requestTimeoutMs</td><td>120000</td><td>time a request may wait for its answer</td></tr>
- * <tr><td>sluice.client.pushBatchBytes</td><td>256k</td><td>a writer sends a server's batches once this many are buffered</td></tr>
+ * <tr><td>sluice.client.pushBatchBytes</td><td>1m (at most half of maxFrameBytes)</td><td>a writer sends a server's batches once this many are buffered</td></tr>
  * <tr><td>sluice.client.maxInFlightBytes</td><td>64m</td><td>a writer blocks while this many pushed bytes await their ack</td></tr>
  * <tr><td>sluice.client.maxFrameBytes</td><td>64m</td><td>max_frame_bytes proposed in the handshake</td></tr>
  * <tr><td>sluice.client.fetchPrefetchChunks</td><td>4</td><td>chunks a reader requests ahead</td></tr>
@@ -76,8 +76,10 @@ public final class SluiceConf {
     this.maxFrameBytes = (int) bytesIn("sluice.client.maxFrameBytes",
         FrameHeader.DEFAULT_MAX_FRAME_BYTES, FrameHeader.MIN_MAX_FRAME_BYTES,
         FrameHeader.MAX_MAX_FRAME_BYTES);
-    this.pushBatchBytes = (int) bytesIn("sluice.client.pushBatchBytes", 256 * 1024, 1,
-        maxFrameBytes / 2);
+    // 1 MiB: a map task's pushes are few enough that the JIT never finds the send path hot
+    // (docs/benchmarks.md, "JVM client push"), and the frame still fits the server's pooled bodies.
+    this.pushBatchBytes = (int) bytesIn("sluice.client.pushBatchBytes",
+        Math.min(1 << 20, maxFrameBytes / 2), 1, maxFrameBytes / 2);
     this.maxInFlightBytes = bytesIn("sluice.client.maxInFlightBytes", 64L << 20, 1,
         Long.MAX_VALUE);
     this.fetchPrefetchChunks = intIn("sluice.client.fetchPrefetchChunks", 4, 1, 1024);

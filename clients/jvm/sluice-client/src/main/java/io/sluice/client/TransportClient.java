@@ -10,7 +10,6 @@ import io.sluice.protocol.ErrorCode;
 import io.sluice.protocol.ErrorMessage;
 import io.sluice.protocol.Frame;
 import io.sluice.protocol.FrameDecoder;
-import io.sluice.protocol.FrameEncoder;
 import io.sluice.protocol.Handshake;
 import io.sluice.protocol.HandshakeOk;
 import io.sluice.protocol.Message;
@@ -100,7 +99,6 @@ public final class TransportClient implements AutoCloseable {
       }
       maxFrameBytes = limit;
       channel.pipeline().get(FrameDecoder.class).setMaxFrameBytes(limit);
-      channel.pipeline().get(FrameEncoder.class).setMaxFrameBytes(limit);
       return ok;
     });
   }
@@ -116,44 +114,69 @@ public final class TransportClient implements AutoCloseable {
    *     connection failure. {@code Busy} is a normal response.
    */
   public CompletableFuture<Frame> request(Message message, ByteBuf body) {
-    Frame frame;
-    try {
-      frame = new Frame(0, message, body);
-    } catch (RuntimeException e) {
-      return CompletableFuture.failedFuture(e);
+    return send(message, body, false);
+  }
+
+  /**
+   * {@link #request}, for a body with room for the frame's header and fields in front of it: the
+   * header and fields are written into the {@link Frame#headBytes} bytes just before the body's
+   * reader index, and the frame goes out as that one buffer (no separate header buffer, no
+   * composite). Whatever was in those bytes is overwritten; they must not be part of anything
+   * else in flight.
+   *
+   * @throws IllegalArgumentException (through the future) when the body has too little room
+   */
+  public CompletableFuture<Frame> requestInHeadroom(Message message, ByteBuf body) {
+    return send(message, body, true);
+  }
+
+  private CompletableFuture<Frame> send(Message message, ByteBuf body, boolean inHeadroom) {
+    if (body != null && body.isReadable() && !message.type().hasBody()) {
+      body.release();
+      return CompletableFuture.failedFuture(new IllegalArgumentException(
+          message.type().wireName() + " carries no body"));
     }
     if (!channel.eventLoop().inEventLoop()) {
       try {
         awaitWritable(requestTimeoutMs);
       } catch (SluiceException e) {
-        frame.release();
+        ReferenceCountUtil.release(body);
         return CompletableFuture.failedFuture(e);
       }
     }
     Pending p = new Pending();
     int id = register(p);
-    Frame withId = new Frame(id, message, frame.body().retain());
-    frame.release();
     Throwable closed = closeCause;
     if (closed != null || !channel.isActive()) {
-      withId.release();
+      ReferenceCountUtil.release(body);
       fail(id, SluiceException.connectionFailure("connection to " + peer + " is closed", closed));
+      return p.future;
+    }
+    ByteBuf out;
+    try {
+      out = inHeadroom ? Frame.encodeInHeadroom(id, message, body, maxFrameBytes)
+          : Frame.encode(channel.alloc(), id, message, body, maxFrameBytes);
+    } catch (ProtocolException e) {
+      // A frame over the negotiated max_frame_bytes is the caller's error, not the connection's:
+      // it must not be retried as one. The body was released by the encoder.
+      fail(id, new SluiceException(e.code(), message.type().wireName() + " to " + peer + ": "
+          + e.getMessage(), e));
+      return p.future;
+    } catch (RuntimeException e) {
+      // A request this client cannot encode (say, too little headroom) is a bug of the caller's:
+      // INVALID_REQUEST, which no retry hides.
+      fail(id, new SluiceException(ErrorCode.INVALID_REQUEST, "cannot send "
+          + message.type().wireName() + " to " + peer + ": " + e.getMessage(), e));
       return p.future;
     }
     p.timeout = channel.eventLoop().schedule(
         () -> fail(id, new SluiceException(ErrorCode.TIMEOUT, message.type().wireName()
             + " to " + peer + " got no answer in " + requestTimeoutMs + " ms")),
         requestTimeoutMs, TimeUnit.MILLISECONDS);
-    channel.writeAndFlush(withId).addListener(f -> {
+    channel.writeAndFlush(out).addListener(f -> {
       if (!f.isSuccess()) {
-        Throwable c = f.cause();
-        // A frame the encoder refused (over the negotiated max_frame_bytes) is the caller's
-        // error, not the connection's: it must not be retried as one.
-        fail(id, c != null && c.getCause() instanceof ProtocolException pe
-            ? new SluiceException(pe.code(), message.type().wireName() + " to " + peer + ": "
-                + pe.getMessage(), pe)
-            : SluiceException.connectionFailure(
-                "writing " + message.type().wireName() + " to " + peer + " failed", c));
+        fail(id, SluiceException.connectionFailure(
+            "writing " + message.type().wireName() + " to " + peer + " failed", f.cause()));
       }
     });
     return p.future;
@@ -256,7 +279,8 @@ public final class TransportClient implements AutoCloseable {
       Message m = frame.message();
       if (m instanceof Ping) {
         frame.release();
-        ctx.writeAndFlush(new Frame(frame.requestId(), Pong.INSTANCE));
+        ctx.writeAndFlush(Frame.encode(ctx.alloc(), frame.requestId(), Pong.INSTANCE, null,
+            maxFrameBytes));
         return;
       }
       Pending p = pending.remove(frame.requestId());

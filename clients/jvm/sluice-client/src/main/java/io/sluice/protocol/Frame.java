@@ -11,7 +11,9 @@ import io.netty.util.ReferenceCounted;
  * the frame releases the body, which lets Netty's pipeline free frames nobody handled.
  *
  * <p>Ownership: a frame owns its body. Writing a frame to a channel hands the body to the
- * transport ({@link FrameEncoder} sends it as a separate buffer, never copied).
+ * transport ({@link FrameEncoder} sends it as a separate buffer, never copied). The client writes
+ * frames already encoded instead ({@link #encode}, {@link #encodeInHeadroom}), so that sending a
+ * frame is one write through the pipeline.
  */
 public final class Frame extends AbstractReferenceCounted {
   private final int requestId;
@@ -146,6 +148,74 @@ public final class Frame extends AbstractReferenceCounted {
       return head;
     } catch (RuntimeException e) {
       head.release();
+      throw e;
+    }
+  }
+
+  /**
+   * Encodes a frame to send as one buffer: the header and fields, followed by the body (as a
+   * composite of the two, the body not copied).
+   *
+   * @param body the body or {@code null}; ownership passes to this call: it is part of the
+   *     returned buffer, or released when encoding fails
+   * @return a buffer owned by the caller
+   * @throws ProtocolException {@code FRAME_TOO_LARGE} when the frame exceeds {@code maxFrameBytes}
+   */
+  public static ByteBuf encode(ByteBufAllocator alloc, int requestId, Message message,
+      ByteBuf body, int maxFrameBytes) {
+    Frame frame = new Frame(requestId, message, body);
+    ByteBuf head;
+    try {
+      head = frame.encodeHead(alloc, maxFrameBytes);
+    } catch (RuntimeException e) {
+      frame.release();
+      throw e;
+    }
+    if (!frame.body.isReadable()) {
+      frame.release();
+      return head;
+    }
+    return alloc.compositeDirectBuffer(2).addComponents(true, head, frame.body);
+  }
+
+  /**
+   * Encodes a frame to send into the {@code body}'s headroom: the header and fields are written
+   * into the bytes just before its reader index, which then moves back over them, so the frame
+   * is the body's one buffer. Made for the push path: one buffer per frame, no header buffer to
+   * allocate and release, one write.
+   *
+   * @param body the body, with at least {@link FrameHeader#HEADER_BYTES} plus the message's
+   *     fields bytes before its reader index that nothing else reads; ownership passes to this
+   *     call: it is returned, or released when encoding fails
+   * @return {@code body}, its reader index at the frame's first byte
+   * @throws ProtocolException {@code FRAME_TOO_LARGE} when the frame exceeds {@code maxFrameBytes}
+   * @throws IllegalArgumentException when the headroom is too small
+   */
+  public static ByteBuf encodeInHeadroom(int requestId, Message message, ByteBuf body,
+      int maxFrameBytes) {
+    try {
+      if (!message.type().hasBody()) {
+        throw new IllegalArgumentException(message.type().wireName() + " carries no body");
+      }
+      ByteBuf fields = Unpooled.buffer(64); // a few dozen bytes on the heap, no release needed
+      message.encode(fields);
+      int fieldsLen = fields.readableBytes();
+      int start = body.readerIndex() - FrameHeader.HEADER_BYTES - fieldsLen;
+      if (start < 0) {
+        throw new IllegalArgumentException("headroom of " + body.readerIndex()
+            + " bytes is too small for a head of " + (body.readerIndex() - start) + " bytes");
+      }
+      long frameLen = (long) body.writerIndex() - start;
+      if (frameLen > Integer.toUnsignedLong(maxFrameBytes)) {
+        throw new ProtocolException(ErrorCode.FRAME_TOO_LARGE,
+            "frame of " + frameLen + " bytes exceeds the maximum of " + maxFrameBytes);
+      }
+      ByteBuf head = body.duplicate().setIndex(start, start);
+      new FrameHeader((int) frameLen, message.type(), requestId, fieldsLen).write(head);
+      head.writeBytes(fields);
+      return body.readerIndex(start);
+    } catch (RuntimeException e) {
+      body.release();
       throw e;
     }
   }

@@ -1,6 +1,7 @@
 package io.sluice.protocol;
 
 import io.netty.buffer.ByteBuf;
+import java.nio.charset.StandardCharsets;
 import java.util.List;
 
 /**
@@ -18,6 +19,14 @@ public record PushMerged(String appId, int shuffleId, List<Section> entries) imp
   @Override
   public Type type() {
     return Type.PUSH_MERGED;
+  }
+
+  /**
+   * Bytes of the fields of a {@code PushMerged} for {@code appId} with {@code sections} entries: a
+   * writer reserves this much room (plus the frame header) in front of the body it fills.
+   */
+  public static int fieldsBytes(String appId, int sections) {
+    return 2 + appId.getBytes(StandardCharsets.UTF_8).length + 4 + 4 + 12 * sections;
   }
 
   @Override

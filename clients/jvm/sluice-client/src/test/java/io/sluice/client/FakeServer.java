@@ -72,6 +72,8 @@ final class FakeServer implements AutoCloseable {
   final AtomicInteger busyResponses = new AtomicInteger();
   final AtomicInteger corruptChunks = new AtomicInteger();
   final AtomicInteger failPushes = new AtomicInteger();
+  /** Every PushMerged stored, in arrival order. */
+  final List<PushMerged> pushes = new CopyOnWriteArrayList<>();
   final Set<Message.Type> ignore = ConcurrentHashMap.newKeySet();
   final Set<Message.Type> closeOn = ConcurrentHashMap.newKeySet();
   volatile long responseDelayMs;
@@ -237,6 +239,7 @@ final class FakeServer implements AutoCloseable {
         return new Object[] {ErrorMessage.of(ErrorCode.STORAGE_FAILED, "disk hiccup"), null};
       }
       f.validateBatches();
+      pushes.add(pm);
       for (PushMerged.Section s : pm.entries()) {
         byte[] b = new byte[s.length()];
         f.body().getBytes(f.body().readerIndex() + s.offset(), b);

@@ -155,6 +155,41 @@ class ShuffleRoundTripTest {
   }
 
   @Test
+  void aPushHasASectionPerRunOfOnePartitionsBatches() {
+    conf = conf.with("sluice.client.pushBatchBytes", "1m");
+    ShuffleAssignment a = coord.registerShuffle(APP, 1, 1, 4, 1); // s1 holds 0 and 2
+    int n = 2 * (ShuffleWriterClient.MAX_SECTIONS + 10);
+    int[] order = new int[n];
+    try (ShuffleWriterClient w = new ShuffleWriterClient(factory, conf, APP, 1, 0, 0, a)) {
+      int[] next = new int[4];
+      for (int i = 0; i < n; i++) {
+        // 0, 0, 2, 2, 0, 0, 2, 2, ...: runs of two batches
+        int p = (i / 2) % 2 == 0 ? 0 : 2;
+        order[i] = p;
+        w.addBatch(p, payload(0, 0, p, next[p]++).getBytes(StandardCharsets.UTF_8));
+      }
+      w.finish();
+    }
+    // A full frame's worth of sections, then the rest: no frame over MAX_SECTIONS.
+    // A full frame's worth of sections, then the rest (the two may arrive in either order).
+    List<PushMerged> pushes = new ArrayList<>(s1.pushes);
+    pushes.sort(java.util.Comparator.comparingInt(pm -> -pm.entries().size()));
+    assertEquals(List.of(ShuffleWriterClient.MAX_SECTIONS, 10),
+        pushes.stream().map(pm -> pm.entries().size()).toList());
+    int offset = 0;
+    for (int i = 0; i < ShuffleWriterClient.MAX_SECTIONS; i++) {
+      PushMerged.Section s = pushes.get(0).entries().get(i);
+      assertEquals(order[2 * i], s.partitionId());
+      assertEquals(offset, s.offset());
+      offset += s.length();
+    }
+    coord.commitShuffle(APP, a);
+    int[] maps = {0};
+    assertEquals(expected(0, maps, 0, n / 2), read(a, 0, 0, 1));
+    assertEquals(expected(2, maps, 0, n / 2), read(a, 2, 0, 1));
+  }
+
+  @Test
   void endlessBusyFailsTheWriter() {
     conf = conf.with("sluice.client.busyMaxRetries", "3");
     ShuffleAssignment a = coord.registerShuffle(APP, 1, 1, 2, 1);

@@ -12,7 +12,10 @@ class SluiceConfTest {
   void defaults() {
     SluiceConf c = SluiceConf.defaults();
     assertEquals(2, c.connectionsPerPeer());
-    assertEquals(256 * 1024, c.pushBatchBytes());
+    assertEquals(1 << 20, c.pushBatchBytes());
+    // The default push size follows a smaller frame limit down.
+    assertEquals(32 << 10, SluiceConf.fromMap(Map.of("sluice.client.maxFrameBytes", "64k"))
+        .pushBatchBytes());
     assertEquals(64L << 20, c.maxInFlightBytes());
     assertEquals(64 << 20, c.maxFrameBytes());
     assertEquals(4, c.fetchPrefetchChunks());
@@ -25,14 +28,14 @@ class SluiceConfTest {
     SluiceConf c = SluiceConf.fromMap(Map.of(
         "sluice.coordinators", "a:1, b:2",
         "sluice.secret", "s",
-        "sluice.client.pushBatchBytes", "1m",
+        "sluice.client.pushBatchBytes", "512k",
         "sluice.client.maxInFlightBytes", "2g",
         "sluice.client.writeBufferHighWatermarkBytes", "64kb",
         "sluice.client.writeBufferLowWatermarkBytes", "32k",
         "sluice.unknown", "ignored"));
     assertEquals(List.of("a:1", "b:2"), c.coordinators());
     assertEquals("s", c.secret());
-    assertEquals(1 << 20, c.pushBatchBytes());
+    assertEquals(512 << 10, c.pushBatchBytes());
     assertEquals(2L << 30, c.maxInFlightBytes());
     assertEquals(64 * 1024, c.writeBufferHighWatermarkBytes());
     assertEquals(32 * 1024, c.writeBufferLowWatermarkBytes());

@@ -36,6 +36,7 @@ class RoundTripTest {
         ByteBuf wire = f.encodeToSingleBuffer(UnpooledByteBufAllocator.DEFAULT, Integer.MAX_VALUE);
         byte[] bodyBytes = ByteBufUtil.getBytes(f.body());
         f.release();
+        assertSendEncodingsMatch(wire, requestId, m, bodyBytes, rnd);
 
         // Any strict prefix is "need more bytes", never an error or a frame.
         int cut = rnd.nextInt(wire.readableBytes());
@@ -55,6 +56,39 @@ class RoundTripTest {
     assertEquals(EnumSet.allOf(Message.Type.class), covered);
   }
 
+  /**
+   * The client's send encodings ({@link Frame#encode}, and {@link Frame#encodeInHeadroom} for
+   * body-carrying messages) give exactly the bytes of {@code wire}.
+   */
+  private static void assertSendEncodingsMatch(ByteBuf wire, int requestId, Message m,
+      byte[] body, Random rnd) {
+    ByteBuf sent = Frame.encode(UnpooledByteBufAllocator.DEFAULT, requestId, m,
+        body.length == 0 ? null : Unpooled.wrappedBuffer(body), Integer.MAX_VALUE);
+    assertEquals(wire, sent);
+    sent.release();
+    if (!m.type().hasBody()) {
+      return;
+    }
+    int head = wire.readableBytes() - body.length;
+    if (m instanceof PushMerged pm) {
+      assertEquals(head, FrameHeader.HEADER_BYTES + PushMerged.fieldsBytes(pm.appId(),
+          pm.entries().size()));
+    }
+    int room = head + rnd.nextInt(3); // more room than needed is fine
+    ByteBuf buf = Unpooled.buffer(room + body.length);
+    buf.writerIndex(room).writeBytes(body).readerIndex(room);
+    ByteBuf inPlace = Frame.encodeInHeadroom(requestId, m, buf, Integer.MAX_VALUE);
+    assertEquals(buf, inPlace);
+    assertEquals(wire, inPlace);
+    inPlace.release();
+
+    ByteBuf small = Unpooled.buffer(head - 1 + body.length);
+    small.writerIndex(head - 1).writeBytes(body).readerIndex(head - 1);
+    assertThrows(IllegalArgumentException.class,
+        () -> Frame.encodeInHeadroom(requestId, m, small, Integer.MAX_VALUE));
+    assertEquals(0, small.refCnt()); // released on failure, as the contract says
+  }
+
   @Test
   void oversizeFrameIsRefusedOnEncode() {
     Frame f = new Frame(1, new Push("a", 1, 2), Unpooled.wrappedBuffer(new byte[70_000]));
@@ -62,6 +96,12 @@ class RoundTripTest {
         () -> f.encodeHead(UnpooledByteBufAllocator.DEFAULT, 65_536));
     assertEquals(ErrorCode.FRAME_TOO_LARGE, e.code());
     f.release();
+
+    ByteBuf inPlace = Unpooled.buffer(70_100).writerIndex(70_100).readerIndex(100);
+    e = assertThrows(ProtocolException.class,
+        () -> Frame.encodeInHeadroom(1, new Push("a", 1, 2), inPlace, 65_536));
+    assertEquals(ErrorCode.FRAME_TOO_LARGE, e.code());
+    assertEquals(0, inPlace.refCnt());
   }
 
   private static ByteBuf randomBody(Message m, Random rnd) {
