@@ -31,7 +31,7 @@ import org.slf4j.LoggerFactory;
  * Pushes one map attempt's output. Each {@link #addBatch} call is one batch (the caller has made
  * it a self-contained serialized chunk); the writer numbers batches per partition (0, 1, 2 …),
  * frames them with their CRC32C, buffers them per server and sends a server's buffered batches as
- * one {@code PushMerged} once about {@code pushBatchBytes} are buffered for it. With replication a
+ * one {@code PushMerged} of about {@code pushBatchBytes} (header included). With replication a
  * batch goes to the partition's primary and replica.
  *
  * <p>Each server's batches are copied, as they come, into one direct buffer that becomes the
@@ -208,15 +208,19 @@ public final class ShuffleWriterClient implements AutoCloseable {
     Batch.Header header = Batch.header(mapId, attemptId, batchCounts[partition], payload);
     batchCounts[partition]++;
     bytesPushed[partition] += size;
+    // A frame, its headroom included, stays within pushBatchBytes unless one batch alone needs
+    // more: a power of two (the default) is then one of the pooled allocator's size classes, not
+    // rounded up to the next. (A setting below the headroom means one batch per frame.)
+    int bodyLimit = conf.pushBatchBytes() - headroom;
     for (int s : servers) {
       ServerBuffer sb = buffers[s];
-      if (sb.bytes > 0 && ((long) sb.bytes + size > conf.pushBatchBytes()
+      if (sb.bytes > 0 && (sb.bytes + size > bodyLimit
           || (partition != sb.lastPartition && sb.sections.size() + 1 == MAX_SECTIONS))) {
         // (the + 1 is the open section, which the new partition would close)
         flush(s);
       }
       if (sb.frame == null) {
-        int capacity = headroom + Math.max(conf.pushBatchBytes(), size);
+        int capacity = Math.max(conf.pushBatchBytes(), headroom + size);
         sb.frame = alloc.directBuffer(capacity, capacity);
         sb.frame.setIndex(headroom, headroom);
       }
@@ -228,7 +232,7 @@ public final class ShuffleWriterClient implements AutoCloseable {
       header.write(sb.frame);
       sb.frame.writeBytes(payload, payload.readerIndex(), len);
       sb.bytes += size;
-      if (sb.bytes >= conf.pushBatchBytes()) {
+      if (sb.bytes >= bodyLimit) {
         flush(s);
       }
     }

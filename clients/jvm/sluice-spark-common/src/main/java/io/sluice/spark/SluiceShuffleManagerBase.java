@@ -1,6 +1,8 @@
 package io.sluice.spark;
 
 import io.sluice.client.TransportClientFactory;
+import io.sluice.protocol.Ping;
+import java.util.concurrent.TimeUnit;
 import org.apache.spark.ShuffleDependency;
 import org.apache.spark.SparkConf;
 import org.apache.spark.SparkEnv;
@@ -51,6 +53,38 @@ public abstract class SluiceShuffleManagerBase implements ShuffleManager {
     }
     LOG.info("Sluice shuffle manager ({}) using coordinators {}",
         isDriver ? "driver" : "executor", conf.client().coordinators());
+    if (!isDriver && conf.executorWarmUp()) {
+      Thread t = new Thread(this::warmUp, "sluice-warm-up");
+      t.setDaemon(true);
+      t.start();
+    }
+  }
+
+  /**
+   * Executors, in the background from the start: the first connection a JVM makes through the
+   * client costs a few hundred milliseconds of loading and initializing (the shaded Netty, its
+   * native transport, the pooled allocator, the codec), which each executor's first map task
+   * paid in its shuffle write time, on the first stage's critical path. One throwaway connection
+   * to a coordinator and a Ping take that cost while the executor waits for its first task.
+   * Best effort: a failure only logs (executors need the servers, not the coordinator).
+   */
+  private void warmUp() {
+    long start = System.nanoTime();
+    try (TransportClientFactory f = new TransportClientFactory(conf.client(), "warm-up")) {
+      for (String coordinator : conf.client().coordinators()) {
+        try {
+          f.getClient(coordinator).callSync(Ping.INSTANCE);
+          LOG.info("Sluice client warmed up in {} ms",
+              TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - start));
+          return;
+        } catch (RuntimeException e) {
+          LOG.info("Sluice client warm-up with {} failed (tasks connect as usual): {}",
+              coordinator, e.toString());
+        }
+      }
+    } catch (RuntimeException e) {
+      LOG.info("Sluice client warm-up failed (tasks connect as usual): {}", e.toString());
+    }
   }
 
   /** The JVM's client factory for {@code appId} (one application per JVM in practice). */

@@ -21,6 +21,7 @@ import scala.Tuple2;
  * <tr><td>spark.sluice.app.heartbeatIntervalMs</td><td>10000</td><td>how often the driver tells the coordinator the application is alive</td></tr>
  * <tr><td>spark.sluice.writer.partitionBufferBytes</td><td>256k</td><td>a map task sends a partition's records as one batch once this many serialized bytes are buffered</td></tr>
  * <tr><td>spark.sluice.writer.bufferBytes</td><td>32m</td><td>bytes a map task buffers over all partitions (array capacity) before it sends the largest ones early; below it the task memory manager decides (see WriterMemory)</td></tr>
+ * <tr><td>spark.sluice.executor.warmUp</td><td>true</td><td>an executor loads the client's transport when it starts (one Ping to a coordinator), not in its first task</td></tr>
  * </table>
  */
 public final class SluiceSparkConf {
@@ -32,6 +33,7 @@ public final class SluiceSparkConf {
   private final long heartbeatIntervalMs;
   private final int partitionBufferBytes;
   private final long writerBufferBytes;
+  private final boolean executorWarmUp;
 
   private SluiceSparkConf(Map<String, String> sluiceKeys) {
     this.client = SluiceConf.fromMap(sluiceKeys);
@@ -42,6 +44,7 @@ public final class SluiceSparkConf {
         (int) longIn(sluiceKeys, "sluice.writer.partitionBufferBytes", 256 << 10, 1, 1 << 30);
     this.writerBufferBytes =
         longIn(sluiceKeys, "sluice.writer.bufferBytes", 32L << 20, 1, Long.MAX_VALUE);
+    this.executorWarmUp = booleanOf(sluiceKeys, "sluice.executor.warmUp", true);
   }
 
   /** Reads the {@code spark.sluice.*} keys of {@code conf}. */
@@ -78,6 +81,19 @@ public final class SluiceSparkConf {
     return x;
   }
 
+  private static boolean booleanOf(Map<String, String> keys, String key, boolean def) {
+    String v = keys.get(key);
+    if (v == null) {
+      return def;
+    }
+    return switch (v.trim().toLowerCase(java.util.Locale.ROOT)) {
+      case "true" -> true;
+      case "false" -> false;
+      default -> throw new IllegalArgumentException(
+          SPARK_PREFIX + key + " must be true or false, got " + v);
+    };
+  }
+
   /** The client's settings. */
   public SluiceConf client() {
     return client;
@@ -98,5 +114,10 @@ public final class SluiceSparkConf {
 
   public long writerBufferBytes() {
     return writerBufferBytes;
+  }
+
+  /** Whether an executor warms the client's transport up when it starts. */
+  public boolean executorWarmUp() {
+    return executorWarmUp;
   }
 }

@@ -1,6 +1,7 @@
 package io.sluice.spark;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -24,7 +25,17 @@ class SluiceSparkConfTest {
     assertEquals(10_000, c.heartbeatIntervalMs());
     assertEquals(256 << 10, c.partitionBufferBytes());
     assertEquals(32L << 20, c.writerBufferBytes());
+    assertTrue(c.executorWarmUp());
     assertEquals(1, c.client().coordinators().size());
+  }
+
+  @Test
+  void warmUpIsABoolean() {
+    assertFalse(SluiceSparkConf.fromSluiceKeys(Map.of("sluice.executor.warmUp", "False"))
+        .executorWarmUp());
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+        () -> SluiceSparkConf.fromSluiceKeys(Map.of("sluice.executor.warmUp", "yes")));
+    assertTrue(e.getMessage().contains("spark.sluice.executor.warmUp"), e.getMessage());
   }
 
   @Test
