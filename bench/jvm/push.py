@@ -6,10 +6,13 @@ alternating the baseline settings and the candidate settings, `--runs` JVMs each
 like one Spark executor through a map stage: `--maps` tasks in turn, each `--map-mib` MiB of
 incompressible `--batch-kib` KiB batches over 16 partitions, `--rounds` shuffles in all. Prints
 the median per setting of what the whole JVM did (GB/s, process CPU seconds per GB pushed, JIT
-compile time) and candidate / baseline.
+compile time) and candidate / baseline. With `--read`, each shuffle is also read back after its
+commit, one partition at a time through ShuffleReaderClient (as reduce tasks do): read GB/s and
+the time spent inside the reader (what Spark reports as fetch wait).
 
 Usage: bench/jvm/push.sh [--runs 3] [--rounds 3] [--maps 8] [--map-mib 48] [--batch-kib 150]
-           [--baseline "sluice.client.pushBatchBytes=256k"] [--candidate ""] [--json out.json]
+           [--baseline "sluice.client.pushBatchBytes=256k"] [--candidate ""] [--read]
+           [--json out.json]
 """
 
 import argparse
@@ -26,12 +29,16 @@ sys.path.insert(0, str(ROOT / "tests" / "spark"))
 
 def run_jvm(java_cp, coordinator, args, settings):
     cmd = ["java", "-cp", java_cp, "io.sluice.bench.PushBench", coordinator, str(args.rounds),
-           str(args.maps), "16", str(args.map_mib), str(args.batch_kib), *settings.split()]
+           str(args.maps), "16", str(args.map_mib), str(args.batch_kib), *settings.split(),
+           *(["read=1"] if args.read else [])]
     out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                          check=True, timeout=600).stdout
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     total = next(line for line in lines if line.get("total"))
     total["rounds"] = [line for line in lines if not line.get("total")]
+    if args.read:
+        total["read_gbps"] = statistics.median(r["read_gbps"] for r in total["rounds"])
+        total["in_reader_ms"] = statistics.median(r["in_reader_ms"] for r in total["rounds"])
     return total
 
 
@@ -46,6 +53,7 @@ def main():
     ap.add_argument("--baseline", default="sluice.client.pushBatchBytes=256k",
                     help="SluiceConf settings of the baseline, space-separated key=value")
     ap.add_argument("--candidate", default="", help="settings of the candidate (default: none)")
+    ap.add_argument("--read", action="store_true", help="also read every shuffle back")
     ap.add_argument("--json", help="write every JVM's figures here")
     args = ap.parse_args()
 
@@ -68,8 +76,12 @@ def main():
     print(f"baseline:  {args.baseline or '(defaults)'}")
     print(f"candidate: {args.candidate or '(defaults)'}")
     print(f"{'median of ' + str(args.runs) + ' JVMs':<28}{'baseline':>10}{'candidate':>11}{'ratio':>8}")
-    for key, label in (("gbps", "push GB/s"), ("cpu_s_per_gb", "process CPU s per GB"),
-                       ("jvm_jit_ms", "JIT compile ms per JVM")):
+    rows = [("gbps", "push GB/s"), ("cpu_s_per_gb", "process CPU s per GB"),
+            ("jvm_jit_ms", "JIT compile ms per JVM")]
+    if args.read:
+        rows += [("read_gbps", "read GB/s (median round)"),
+                 ("in_reader_ms", "ms inside the reader/round")]
+    for key, label in rows:
         b = statistics.median(r[key] for r in results["baseline"])
         c = statistics.median(r[key] for r in results["candidate"])
         print(f"{label:<28}{b:>10.2f}{c:>11.2f}{c / b:>8.2f}")

@@ -18,7 +18,6 @@ import io.netty.channel.socket.SocketChannel;
 import io.netty.channel.socket.nio.NioSocketChannel;
 import io.netty.util.concurrent.DefaultThreadFactory;
 import io.sluice.protocol.FrameDecoder;
-import io.sluice.protocol.FrameEncoder;
 import io.sluice.protocol.FrameHeader;
 import io.sluice.protocol.Message;
 import java.util.concurrent.ConcurrentHashMap;
@@ -219,9 +218,10 @@ public final class TransportClientFactory implements AutoCloseable {
         .handler(new ChannelInitializer<SocketChannel>() {
           @Override
           protected void initChannel(SocketChannel ch) {
+            // No encoder: TransportClient writes frames already encoded (Frame.encode), so a
+            // write goes from the pipeline's tail straight to the socket.
             ch.pipeline()
-                .addLast("frameDecoder", new FrameDecoder(FrameHeader.HANDSHAKE_MAX_FRAME_BYTES))
-                .addLast("frameEncoder", new FrameEncoder(FrameHeader.HANDSHAKE_MAX_FRAME_BYTES));
+                .addLast("frameDecoder", new FrameDecoder(FrameHeader.HANDSHAKE_MAX_FRAME_BYTES));
           }
         });
     ChannelFuture cf = b.connect(host, port);

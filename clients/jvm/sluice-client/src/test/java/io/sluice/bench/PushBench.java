@@ -2,6 +2,7 @@ package io.sluice.bench;
 
 import io.sluice.client.CoordinatorClient;
 import io.sluice.client.ShuffleAssignment;
+import io.sluice.client.ShuffleReaderClient;
 import io.sluice.client.ShuffleWriterClient;
 import io.sluice.client.SluiceConf;
 import io.sluice.client.TransportClientFactory;
@@ -29,6 +30,39 @@ import java.util.Random;
 public final class PushBench {
   private PushBench() {}
 
+  /**
+   * Reads every partition back, one reader at a time as reduce tasks do; returns JSON fields:
+   * GB/s, the time spent inside the reader's hasNext/next (what Spark reports as fetch wait) and
+   * the part of it the reader spent waiting for chunks.
+   */
+  private static String read(TransportClientFactory factory, SluiceConf conf, String app,
+      int shuffleId, ShuffleAssignment a, int maps, int partitions) {
+    long inReader = 0;
+    long waits = 0;
+    long bytes = 0;
+    long t0 = System.nanoTime();
+    for (int p = 0; p < partitions; p++) {
+      try (ShuffleReaderClient r = new ShuffleReaderClient(factory, conf, app, shuffleId, a, p, 0,
+          maps)) {
+        while (true) {
+          long s = System.nanoTime();
+          boolean more = r.hasNext();
+          io.netty.buffer.ByteBuf b = more ? r.next() : null;
+          inReader += System.nanoTime() - s;
+          if (!more) {
+            break;
+          }
+          bytes += b.readableBytes();
+        }
+        waits += r.fetchWaitNanos();
+      }
+    }
+    double wallS = (System.nanoTime() - t0) / 1e9;
+    return String.format(java.util.Locale.ROOT, ", \"read_gbps\": %.3f, \"in_reader_ms\": %d, "
+        + "\"reader_waits_ms\": %d", bytes / wallS / 1e9, inReader / 1_000_000,
+        waits / 1_000_000);
+  }
+
   public static void main(String[] args) {
     String coordinator = args[0];
     int rounds = Integer.parseInt(args[1]);
@@ -41,6 +75,7 @@ public final class PushBench {
       String[] kv = args[i].split("=", 2);
       settings.put(kv[0], kv[1]);
     }
+    String readOnly = settings.remove("read");
     SluiceConf conf = SluiceConf.fromMap(settings);
     String app = "push-bench-" + ProcessHandle.current().pid();
     // A few distinct payloads, so no batch is a copy of the one before it.
@@ -88,13 +123,15 @@ public final class PushBench {
           throw new IllegalStateException("the servers stored " + storedBytes + " bytes of "
               + bytes + " pushed");
         }
+        String read = readOnly == null ? "" : read(factory, conf, app, r, a, maps, partitions);
         coord.unregisterShuffle(app, a);
         totalBytes += bytes;
         totalWallS += wallS;
         totalCpuS += cpuS;
         lines.add(String.format(java.util.Locale.ROOT, "{\"round\": %d, \"bytes\": %d, "
             + "\"gbps\": %.3f, \"cpu_s_per_gb\": %.3f, \"jit_ms\": %d}", r, bytes,
-            bytes / wallS / 1e9, cpuS / (bytes / 1e9), jit.getTotalCompilationTime() - jit0));
+            bytes / wallS / 1e9, cpuS / (bytes / 1e9), jit.getTotalCompilationTime() - jit0)
+            .replace("}", read + "}"));
       }
       coord.unregisterApp(app);
     }
