@@ -118,13 +118,14 @@ public final class TransportClient implements AutoCloseable {
   }
 
   /**
-   * {@link #request}, for a body with room for the frame's header and fields in front of it: the
-   * header and fields are written into the {@link Frame#headBytes} bytes just before the body's
-   * reader index, and the frame goes out as that one buffer (no separate header buffer, no
-   * composite). Whatever was in those bytes is overwritten; they must not be part of anything
-   * else in flight.
+   * {@link #request}, for a body with room for the frame's header and fields in front of it: they
+   * are written into the bytes just before the body's reader index ({@link
+   * Frame#encodeInHeadroom}), and the frame goes out as that one buffer (no separate header
+   * buffer, no composite). Whatever was in those bytes is overwritten; they must not be part of
+   * anything else in flight.
    *
-   * @throws IllegalArgumentException (through the future) when the body has too little room
+   * @return as {@link #request}; a body with too little room fails it with {@code
+   *     INVALID_REQUEST}
    */
   public CompletableFuture<Frame> requestInHeadroom(Message message, ByteBuf body) {
     return send(message, body, true);
