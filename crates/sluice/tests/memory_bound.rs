@@ -7,6 +7,7 @@ mod utils;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use sluice_client::ShuffleClient;
 use utils::*;
 
 const BUDGET: u64 = 128 << 20;
@@ -16,6 +17,21 @@ const MAPS: u32 = 16;
 const PARTITIONS: u32 = 32;
 const BYTES_PER_MAP: usize = 24 << 20;
 const RECORD_BYTES: usize = 128 << 10;
+
+/// Bytes in MiB, for messages.
+fn mib(bytes: f64) -> f64 {
+    bytes / (1 << 20) as f64
+}
+
+/// A client for a server pushed far past its budget: 8 MiB in flight, and `Busy` retried for as
+/// long as the test's deadline allows (under CPU contention one push can lose the race for budget
+/// many times, since `Busy` replies are not served in order).
+fn patient_client(app: &str) -> ShuffleClient {
+    client_with(app, None, |o| {
+        o.max_inflight_bytes = 8 << 20;
+        o.busy_max_retries = u32::MAX;
+    })
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixteen_writers_stay_within_the_memory_budget() {
@@ -66,7 +82,6 @@ async fn sixteen_writers_stay_within_the_memory_budget() {
 
         let peak = server.peak_rss_bytes();
         let m = server.metrics().await;
-        let mib = |b: f64| b / (1 << 20) as f64;
         let total = (MAPS as usize * BYTES_PER_MAP) as f64;
         eprintln!(
             "server VmHWM {:.1} MiB; budget peak {:.1} MiB; busy replies {}; flushed before commit {:.1} MiB",
@@ -120,12 +135,7 @@ async fn a_tiny_budget_answers_busy_and_loses_nothing() {
             sets: vec!["busy_backoff_ms=5".into()],
             ..Default::default()
         });
-        let client = client_with("tiny", None, |o| {
-            o.max_inflight_bytes = 8 << 20;
-            // Busy replies are not served in order: under CPU contention one push can lose the
-            // race for budget many times. Let the test deadline bound it, not the retry count.
-            o.busy_max_retries = u32::MAX;
-        });
+        let client = patient_client("tiny");
         let parts = 8u32;
         let a = assignment(1, &[server.addr], parts);
         register_direct(&client, &a, 8).await.unwrap();
@@ -148,8 +158,8 @@ async fn a_tiny_budget_answers_busy_and_loses_nothing() {
         eprintln!(
             "busy replies {}, budget peak {:.1} MiB, VmHWM {:.1} MiB",
             metric(&m, "sluice_server_busy_replies_total"),
-            metric(&m, "sluice_server_memory_peak_bytes") / (1 << 20) as f64,
-            server.peak_rss_bytes() as f64 / (1 << 20) as f64
+            mib(metric(&m, "sluice_server_memory_peak_bytes")),
+            mib(server.peak_rss_bytes() as f64)
         );
         assert!(metric(&m, "sluice_server_busy_replies_total") > 0.0, "never busy: {m:?}");
         assert!(metric(&m, "sluice_server_memory_peak_bytes") <= budget as f64);
@@ -182,10 +192,7 @@ async fn slow_flushers_keep_resident_memory_within_the_budget() {
         if let Some(thp) = server.thp_enabled() {
             assert!(!thp, "the server runs with transparent huge pages allowed");
         }
-        let client = client_with("slow-flush", None, |o| {
-            o.max_inflight_bytes = 8 << 20;
-            o.busy_max_retries = u32::MAX; // bounded by the test deadline instead
-        });
+        let client = patient_client("slow-flush");
         let (maps, parts, per_map) = (8u32, 32u32, 1024u32); // × 32 KiB: 32 MiB per map
         let a = assignment(1, &[server.addr], parts);
         register_direct(&client, &a, maps).await.unwrap();
@@ -201,7 +208,6 @@ async fn slow_flushers_keep_resident_memory_within_the_budget() {
         }
         assert_eq!(n, (maps * per_map) as usize);
         let m = server.metrics().await;
-        let mib = |b: f64| b / (1 << 20) as f64;
         let (reused, allocated) = (
             metric(&m, "sluice_server_body_buffers_reused_total"),
             metric(&m, "sluice_server_body_buffers_allocated_total"),

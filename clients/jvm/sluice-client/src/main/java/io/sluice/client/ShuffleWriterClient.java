@@ -14,7 +14,6 @@ import io.sluice.protocol.MapperEndResult;
 import io.sluice.protocol.Message;
 import io.sluice.protocol.PushAck;
 import io.sluice.protocol.PushMerged;
-import java.nio.charset.StandardCharsets;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -166,9 +165,8 @@ public final class ShuffleWriterClient implements AutoCloseable {
     }
     this.replicated = anyReplica;
     // A batch alone must fit one frame: header, the fields of a one-section PushMerged, batch header.
-    int overhead = FrameHeader.HEADER_BYTES + 2 + appId.getBytes(StandardCharsets.UTF_8).length
-        + 8 + 12 + Batch.HEADER_BYTES;
-    this.maxBatchPayload = conf.maxFrameBytes() - overhead;
+    this.maxBatchPayload = conf.maxFrameBytes() - FrameHeader.HEADER_BYTES
+        - PushMerged.fieldsBytes(appId, 1) - Batch.HEADER_BYTES;
     this.headroom = FrameHeader.HEADER_BYTES + PushMerged.fieldsBytes(appId, MAX_SECTIONS);
   }
 

@@ -132,11 +132,7 @@ public final class TransportClient implements AutoCloseable {
   }
 
   private CompletableFuture<Frame> send(Message message, ByteBuf body, boolean inHeadroom) {
-    if (body != null && body.isReadable() && !message.type().hasBody()) {
-      body.release();
-      return CompletableFuture.failedFuture(new IllegalArgumentException(
-          message.type().wireName() + " carries no body"));
-    }
+    // (A body on a message that carries none is refused by the encoders below: INVALID_REQUEST.)
     if (!channel.eventLoop().inEventLoop()) {
       try {
         awaitWritable(requestTimeoutMs);

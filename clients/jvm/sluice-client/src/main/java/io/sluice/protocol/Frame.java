@@ -197,9 +197,7 @@ public final class Frame extends AbstractReferenceCounted {
       if (!message.type().hasBody()) {
         throw new IllegalArgumentException(message.type().wireName() + " carries no body");
       }
-      ByteBuf fields = Unpooled.buffer(64); // a few dozen bytes on the heap, no release needed
-      message.encode(fields);
-      int fieldsLen = fields.readableBytes();
+      int fieldsLen = message.fieldsBytes();
       int start = body.readerIndex() - FrameHeader.HEADER_BYTES - fieldsLen;
       if (start < 0) {
         throw new IllegalArgumentException("headroom of " + body.readerIndex()
@@ -212,7 +210,12 @@ public final class Frame extends AbstractReferenceCounted {
       }
       ByteBuf head = body.duplicate().setIndex(start, start);
       new FrameHeader((int) frameLen, message.type(), requestId, fieldsLen).write(head);
-      head.writeBytes(fields);
+      message.encode(head); // straight into the headroom: no buffer of its own
+      if (head.writerIndex() != body.readerIndex()) {
+        throw new IllegalStateException(message.type().wireName() + " wrote "
+            + (head.writerIndex() - start - FrameHeader.HEADER_BYTES) + " bytes of fields, not "
+            + fieldsLen);
+      }
       return body.readerIndex(start);
     } catch (RuntimeException e) {
       body.release();

@@ -18,6 +18,16 @@ public interface Message {
   void encode(ByteBuf out);
 
   /**
+   * Bytes {@link #encode} writes. This default encodes into a scratch buffer to count them; the
+   * messages sent with a body in place ({@link Frame#encodeInHeadroom}) compute it instead.
+   */
+  default int fieldsBytes() {
+    ByteBuf scratch = io.netty.buffer.Unpooled.buffer(64);
+    encode(scratch);
+    return scratch.readableBytes();
+  }
+
+  /**
    * Decodes the fields of a message of type {@code type}. The fields must be used exactly:
    * trailing bytes are malformed.
    *

@@ -30,6 +30,11 @@ public record PushMerged(String appId, int shuffleId, List<Section> entries) imp
   }
 
   @Override
+  public int fieldsBytes() {
+    return fieldsBytes(appId, entries.size());
+  }
+
+  @Override
   public void encode(ByteBuf out) {
     Wire.writeStr(out, appId);
     out.writeInt(shuffleId);

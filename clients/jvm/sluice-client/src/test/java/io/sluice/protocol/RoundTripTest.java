@@ -66,10 +66,11 @@ class RoundTripTest {
         body.length == 0 ? null : Unpooled.wrappedBuffer(body), Integer.MAX_VALUE);
     assertEquals(wire, sent);
     sent.release();
+    int head = wire.readableBytes() - body.length;
+    assertEquals(head - FrameHeader.HEADER_BYTES, m.fieldsBytes(), "fieldsBytes of " + m);
     if (!m.type().hasBody()) {
       return;
     }
-    int head = wire.readableBytes() - body.length;
     if (m instanceof PushMerged pm) {
       assertEquals(head, FrameHeader.HEADER_BYTES + PushMerged.fieldsBytes(pm.appId(),
           pm.entries().size()));

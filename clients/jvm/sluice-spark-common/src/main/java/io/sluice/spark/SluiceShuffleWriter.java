@@ -1,6 +1,5 @@
 package io.sluice.spark;
 
-import io.netty.buffer.Unpooled;
 import io.sluice.client.ShuffleWriterClient;
 import io.sluice.client.SluiceException;
 import io.sluice.client.TransportClientFactory;
@@ -217,7 +216,7 @@ final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
     }
     long start = System.nanoTime();
     // The client copies the bytes into its per-server frame, so the scratch buffer is reused.
-    client.addBatch(p, Unpooled.wrappedBuffer(compressed.array(), 0, compressed.size()));
+    client.addBatch(p, compressed.array(), 0, compressed.size());
     metrics.incWriteTime(System.nanoTime() - start);
     metrics.incBytesWritten(compressed.size());
   }
