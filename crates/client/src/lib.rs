@@ -103,7 +103,7 @@ impl ClientError {
 pub struct ClientOptions {
     /// Coordinator addresses (`host:port`); any live one is used.
     pub coordinators: Vec<String>,
-    /// A partition's records are sealed into a batch at this many bytes.
+    /// A partition's records are sealed into a batch once it holds this many bytes.
     pub batch_bytes: usize,
     /// Batches for one server are merged into a `PushMerged` frame up to this many bytes.
     pub push_frame_bytes: usize,
@@ -127,7 +127,7 @@ impl Default for ClientOptions {
             coordinators: Vec::new(),
             batch_bytes: 256 << 10,
             push_frame_bytes: 1 << 20,
-            max_inflight_bytes: 64 << 20,
+            max_inflight_bytes: 16 << 20,
             busy_max_retries: 1_000,
             error_max_retries: 4,
             retry_backoff_ms: 20,

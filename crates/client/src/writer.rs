@@ -88,9 +88,18 @@ impl ShuffleWriter {
     /// Appends one record (`u32` length + bytes) to a partition.
     pub async fn write_record(&mut self, partition: u32, record: &[u8]) -> Result<(), ClientError> {
         let p = partition as usize;
+        let need = 4 + record.len();
+        // A record that does not fit the open batch's buffer closes the batch first: growing
+        // the buffer would copy the whole batch into a new allocation twice its size.
+        let open = &self.open[p];
+        if open.len() > BATCH_HEADER_LEN && open.len() + need > open.capacity() {
+            self.seal(p).await?;
+        }
         let buf = &mut self.open[p];
         if buf.is_empty() {
-            buf.reserve(self.client.inner.opts.batch_bytes + BATCH_HEADER_LEN);
+            // Room for the batch and for the record that takes it past `batch_bytes`, if that
+            // record is no larger than this one.
+            buf.reserve(BATCH_HEADER_LEN + self.client.inner.opts.batch_bytes + need);
             buf.put_bytes(0, BATCH_HEADER_LEN);
         }
         buf.put_u32(record.len() as u32);
