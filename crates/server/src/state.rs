@@ -132,11 +132,13 @@ impl ServerState {
                 format!("shuffle {shuffle_id} of {app_id} is committed; pushes are refused"),
             )));
         }
-        if body_len as u64 > self.budget.capacity() {
+        // The budget pays for the memory the body will take, the pool's rounding included.
+        let footprint = sluice_transport::BodyPool::footprint(body_len as usize) as u64;
+        if footprint > self.budget.capacity() {
             return Err(to_msg((
                 ErrorCode::InvalidRequest,
                 format!(
-                    "a push of {body_len} bytes exceeds the server's memory budget of {} bytes",
+                    "a push of {body_len} bytes ({footprint} in memory) exceeds the server's memory budget of {} bytes",
                     self.budget.capacity()
                 ),
             )));
@@ -147,7 +149,7 @@ impl ServerState {
                 "every data directory is out of service".into(),
             )));
         }
-        match self.budget.try_reserve(body_len as u64) {
+        match self.budget.try_reserve(footprint) {
             Some(reservation) => Ok(Admitted { reservation, shuffle }),
             None => {
                 self.stats.busy_replies.fetch_add(1, Ordering::Relaxed);

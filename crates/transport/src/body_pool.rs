@@ -9,22 +9,25 @@
 //! footprint (buffers out plus buffers kept) never passes its limit, which a server sets to its
 //! memory budget.
 //!
-//! Buffers are sized in 64 KiB steps, so a body wastes less than 64 KiB; bodies under
-//! [`MIN_POOLED`] or over [`MAX_POOLED`] bypass the pool.
+//! A buffer's size is the body's length rounded up to a sixteenth of the power of two below it
+//! (4 KiB at least), so a body wastes at most 1/16 of its length: a 256 KiB batch with its
+//! 20-byte header takes 272 KiB. (Whole 64 KiB steps made that 320 KiB, a quarter more memory
+//! than the budget had counted.) A server charges its budget [`BodyPool::footprint`], the size
+//! of the buffer, not the body's length. Bodies under [`MIN_POOLED`] or over [`MAX_POOLED`]
+//! bypass the pool.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-/// Size step of pooled buffers.
-pub const GRANULE: usize = 64 << 10;
+/// Smallest size step of pooled buffers.
+const MIN_STEP: usize = 4 << 10;
 /// Smaller bodies are plain allocations (control messages, tiny pushes).
 pub const MIN_POOLED: usize = 16 << 10;
 /// Larger bodies are plain allocations (rare: beyond any client's push size).
 pub const MAX_POOLED: usize = 16 << 20;
-
-const CLASSES: usize = MAX_POOLED / GRANULE;
 
 /// A bounded pool of body buffers, shared by a server's connections.
 #[derive(Debug)]
@@ -35,8 +38,8 @@ pub struct BodyPool {
 
 #[derive(Debug)]
 struct Free {
-    /// Per class (capacity / GRANULE - 1), buffers ready for reuse, most recently freed last.
-    lists: Vec<Vec<Box<[u8]>>>,
+    /// Per buffer size, buffers ready for reuse, most recently freed last.
+    lists: BTreeMap<usize, Vec<Box<[u8]>>>,
     /// Capacity of the buffers in `lists`.
     kept: usize,
     /// Capacity of the pool's buffers currently held by bodies.
@@ -68,7 +71,7 @@ impl BodyPool {
         Arc::new(BodyPool {
             limit,
             inner: Mutex::new(Free {
-                lists: vec![Vec::new(); CLASSES],
+                lists: BTreeMap::new(),
                 kept: 0,
                 out: 0,
                 reused: 0,
@@ -88,17 +91,26 @@ impl BodyPool {
         (MIN_POOLED..=MAX_POOLED).contains(&len)
     }
 
+    /// The memory a body of `len` bytes takes: its pooled buffer's size, or `len` for a body
+    /// the pool does not take.
+    pub fn footprint(len: usize) -> usize {
+        if !Self::pools(len) {
+            return len;
+        }
+        let step = (1usize << len.ilog2()) / 16;
+        len.next_multiple_of(step.max(MIN_STEP))
+    }
+
     /// A buffer of at least `len` bytes (`len` within [`MIN_POOLED`]..=[`MAX_POOLED`]); its
     /// content is whatever an earlier body left there.
     pub fn take(self: &Arc<Self>, len: usize) -> PooledBuf {
         debug_assert!(Self::pools(len));
-        let class = len.div_ceil(GRANULE) - 1;
-        let cap = (class + 1) * GRANULE;
+        let cap = Self::footprint(len);
         let kept = {
             let mut free = self.free();
             free.last_take = Instant::now();
             free.out += cap;
-            let buf = free.lists[class].pop();
+            let buf = free.lists.get_mut(&cap).and_then(Vec::pop);
             if buf.is_some() {
                 free.kept -= cap;
                 free.reused += 1;
@@ -107,9 +119,8 @@ impl BodyPool {
                 // Room for the new buffer within the limit: kept buffers of other sizes go back
                 // to the allocator, largest first.
                 while free.out + free.kept > self.limit {
-                    let Some(c) = free.lists.iter().rposition(|l| !l.is_empty()) else { break };
-                    free.lists[c].pop();
-                    free.kept -= (c + 1) * GRANULE;
+                    let Some(b) = free.lists.values_mut().rev().find_map(Vec::pop) else { break };
+                    free.kept -= b.len();
                 }
             }
             buf
@@ -125,7 +136,7 @@ impl BodyPool {
         free.out -= cap;
         if free.out + free.kept + cap <= self.limit {
             free.kept += cap;
-            free.lists[cap / GRANULE - 1].push(buf);
+            free.lists.entry(cap).or_default().push(buf);
         }
         // else: dropped here, back to the allocator (outside the pool's limit).
     }
@@ -138,7 +149,7 @@ impl BodyPool {
             return 0;
         }
         let kept = free.kept;
-        free.lists.iter_mut().for_each(Vec::clear);
+        free.lists.clear();
         free.kept = 0;
         kept
     }
@@ -196,6 +207,8 @@ impl Drop for PooledBuf {
 mod tests {
     use super::*;
 
+    const K64: usize = 64 << 10;
+
     #[test]
     fn a_freed_buffer_serves_the_next_body_of_its_size() {
         let pool = BodyPool::new(8 << 20);
@@ -211,15 +224,31 @@ mod tests {
         assert_eq!(&slice[..], &[7u8; 10]);
         drop(slice);
         let s = pool.stats();
-        assert_eq!((s.kept_bytes, s.out_bytes), (128 << 10, 0));
-        // Same class (65..128 KiB): the same memory; another class: a new allocation.
-        let again = pool.take(70_000);
+        assert_eq!((s.kept_bytes, s.out_bytes), (100 << 10, 0));
+        // Same size (96..100 KiB): the same memory; another size: a new allocation.
+        let again = pool.take(99_000);
         assert_eq!(again.as_ref().as_ptr(), addr);
         let other = pool.take(300_000);
         let s = pool.stats();
         assert_eq!((s.reused, s.allocated), (1, 2));
-        assert_eq!(s.out_bytes, (128 + 320) << 10);
+        assert_eq!(s.out_bytes, (100 + 304) << 10);
         drop((again, other));
+    }
+
+    #[test]
+    fn a_buffer_wastes_at_most_a_sixteenth_of_its_body() {
+        // A 256 KiB batch and its header: 272 KiB, where 64 KiB steps took 320.
+        assert_eq!(BodyPool::footprint((256 << 10) + 20), 272 << 10);
+        assert_eq!(BodyPool::footprint(1 << 20), 1 << 20);
+        assert_eq!(BodyPool::footprint(MIN_POOLED + 1), MIN_POOLED + MIN_STEP);
+        for len in (MIN_POOLED..=MAX_POOLED).step_by(7_919).chain([MAX_POOLED]) {
+            let f = BodyPool::footprint(len);
+            assert!(f >= len && f - len < (len / 16).max(MIN_STEP), "{len} -> {f}");
+            assert_eq!(BodyPool::footprint(f), f, "a buffer's size is its own footprint");
+        }
+        // Outside the pool: the body's own length.
+        assert_eq!(BodyPool::footprint(100), 100);
+        assert_eq!(BodyPool::footprint(MAX_POOLED + 5), MAX_POOLED + 5);
     }
 
     #[test]
@@ -229,7 +258,7 @@ mod tests {
         // Fill the pool with small buffers, then ask for large ones: kept small buffers are
         // given up to make room, and at no point do out + kept pass the limit (beyond what is
         // out, which the caller's own accounting bounds).
-        let small: Vec<_> = (0..16).map(|_| pool.take(GRANULE)).collect();
+        let small: Vec<_> = (0..16).map(|_| pool.take(K64)).collect();
         drop(small);
         assert_eq!(pool.stats().kept_bytes, limit as u64);
         for _ in 0..4 {
@@ -250,11 +279,11 @@ mod tests {
     #[test]
     fn an_idle_pool_gives_its_buffers_back() {
         let pool = BodyPool::new(8 << 20);
-        drop(pool.take(GRANULE));
+        drop(pool.take(K64));
         assert_eq!(pool.release_if_idle(Duration::from_secs(60)), 0, "not idle yet");
-        assert_eq!(pool.stats().kept_bytes, GRANULE as u64);
+        assert_eq!(pool.stats().kept_bytes, K64 as u64);
         std::thread::sleep(Duration::from_millis(20));
-        assert_eq!(pool.release_if_idle(Duration::from_millis(10)), GRANULE);
+        assert_eq!(pool.release_if_idle(Duration::from_millis(10)), K64);
         assert_eq!(pool.stats().kept_bytes, 0);
     }
 
