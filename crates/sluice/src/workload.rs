@@ -3,8 +3,9 @@
 //! M map tasks push random records to P partitions; the records of map `m` are a deterministic
 //! function of `(m, salt)`, so a retried or speculative attempt that must win pushes exactly the
 //! same records, and a failed attempt pushes *different* ones (salt ≠ 0) — counting them would
-//! break the checksums. Each partition's expected record count and checksum (sum of CRC32C of
-//! the records) are computed while pushing and compared with what the reducers read back.
+//! break the checksums. Each partition's expected record count and checksum (the sum of the
+//! records' CRC32Cs) are computed from the same generator before the push, and compared with
+//! what the reducers read back.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -29,6 +30,11 @@ impl Tally {
             sum: (0..partitions).map(|_| AtomicU64::new(0)).collect(),
         })
     }
+}
+
+/// A record's part of its partition's checksum.
+fn record_hash(rec: &[u8]) -> u64 {
+    crc32c::crc32c(rec) as u64
 }
 
 /// xorshift64*: fast deterministic bytes; quality is irrelevant, speed and repeatability matter.
@@ -66,6 +72,85 @@ pub struct MapRun {
     pub counts: bool,
 }
 
+/// The records of one map attempt, in push order: a deterministic function of the attempt's
+/// map id and salt, so the expected tally can be computed apart from the push.
+struct Records {
+    rng: Rng,
+    pool: &'static [u8],
+    rec: Vec<u8>,
+    left: u64,
+    partitions: u64,
+}
+
+impl Records {
+    fn new(run: &MapRun, bytes_per_map: u64, record_bytes: usize, partitions: u64) -> Records {
+        let rec_len = record_bytes.max(16);
+        Records {
+            rng: Rng((run.map_id as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                ^ run.salt.wrapping_mul(0xD1B5_4A32_D192_ED03)
+                | 1),
+            pool: random_pool(),
+            rec: vec![0u8; rec_len],
+            left: ((bytes_per_map / rec_len as u64) as f64 * run.fraction) as u64,
+            partitions,
+        }
+    }
+
+    /// The next record and its partition.
+    fn next(&mut self) -> Option<(u32, &[u8])> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        // A unique 8-byte word from the attempt's generator, then a slice of a shared random
+        // pool chosen by it: one generator call per record instead of one per 8 bytes.
+        let word = self.rng.next();
+        let len = self.rec.len();
+        self.rec[..8].copy_from_slice(&word.to_le_bytes());
+        let off = (word >> 40) as usize % (self.pool.len() - len);
+        self.rec[8..].copy_from_slice(&self.pool[off..off + len - 8]);
+        let p = (self.rng.next() % self.partitions) as u32;
+        Some((p, &self.rec))
+    }
+}
+
+/// The count and checksum per partition of every record the winning attempts push, from the
+/// same generator the maps use, on one thread per core. `sluice local` runs this before the
+/// push, so the push is timed without the tally's hashing.
+pub fn expected_tally(
+    runs: &[MapRun],
+    bytes_per_map: u64,
+    record_bytes: usize,
+    partitions: u32,
+) -> Arc<Tally> {
+    let tally = Tally::new(partitions);
+    let counting: Vec<MapRun> = runs.iter().copied().filter(|r| r.counts).collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(counting.len());
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (tally, counting) = (&tally, &counting);
+            s.spawn(move || {
+                for run in counting.iter().skip(t).step_by(threads) {
+                    let mut gen = Records::new(run, bytes_per_map, record_bytes, partitions as u64);
+                    // Tallied per map and merged once: shared atomics per record would bounce
+                    // cache lines between the cores millions of times.
+                    let n = partitions as usize;
+                    let (mut count, mut sum) = (vec![0u64; n], vec![0u64; n]);
+                    while let Some((p, rec)) = gen.next() {
+                        count[p as usize] += 1;
+                        sum[p as usize] = sum[p as usize].wrapping_add(record_hash(rec));
+                    }
+                    for p in 0..n {
+                        tally.count[p].fetch_add(count[p], Ordering::Relaxed);
+                        tally.sum[p].fetch_add(sum[p], Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    tally
+}
+
 /// Pushes one map attempt's records; returns the record bytes pushed.
 pub async fn run_map(
     client: &ShuffleClient,
@@ -73,43 +158,18 @@ pub async fn run_map(
     run: MapRun,
     bytes_per_map: u64,
     record_bytes: usize,
-    expect: &Tally,
     progress: &ProgressBar,
 ) -> anyhow::Result<u64> {
     let partitions = a.partitions.len() as u64;
     let mut w = client.writer(a, run.map_id, run.attempt_id).await?;
-    let mut rng = Rng((run.map_id as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        ^ run.salt.wrapping_mul(0xD1B5_4A32_D192_ED03)
-        | 1);
-    let records = ((bytes_per_map / record_bytes as u64) as f64 * run.fraction) as u64;
-    let rec_len = record_bytes.max(16);
-    let pool = random_pool();
-    let mut rec = vec![0u8; rec_len];
+    let mut gen = Records::new(&run, bytes_per_map, record_bytes, partitions);
     let mut pushed = 0u64;
-    let (mut count, mut sum) = (vec![0u64; partitions as usize], vec![0u64; partitions as usize]);
-    for _ in 0..records {
-        // A unique 8-byte word from the attempt's generator, then a slice of a shared random
-        // pool chosen by it: one generator call per record instead of one per 8 bytes.
-        let word = rng.next();
-        rec[..8].copy_from_slice(&word.to_le_bytes());
-        let off = (word >> 40) as usize % (pool.len() - rec_len);
-        rec[8..].copy_from_slice(&pool[off..off + rec_len - 8]);
-        let p = (rng.next() % partitions) as u32;
-        if run.counts {
-            // Tallied per map and merged once: shared atomics per record would bounce cache
-            // lines between the cores millions of times.
-            count[p as usize] += 1;
-            sum[p as usize] += crc32c::crc32c(&rec) as u64;
-        }
-        w.write_record(p, &rec).await?;
+    while let Some((p, rec)) = gen.next() {
+        w.write_record(p, rec).await?;
         pushed += rec.len() as u64;
         if pushed % (1 << 20) < rec.len() as u64 {
             progress.inc(1 << 20);
         }
-    }
-    for p in 0..partitions as usize {
-        expect.count[p].fetch_add(count[p], Ordering::Relaxed);
-        expect.sum[p].fetch_add(sum[p], Ordering::Relaxed);
     }
     if run.finish {
         w.finish()
@@ -210,7 +270,7 @@ async fn read_partition(
             if b.len() < 4 + len {
                 bail!("partition {p}: record runs past its batch");
             }
-            sum += crc32c::crc32c(&b[4..4 + len]) as u64;
+            sum = sum.wrapping_add(record_hash(&b[4..4 + len]));
             count += 1;
             b = &b[4 + len..];
         }
