@@ -17,7 +17,7 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
@@ -81,6 +81,15 @@ pub struct Args {
     /// Directory for the temp file (default: the system temp dir).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// Address the server child listens on and the client connects to. Loopback by default;
+    /// with `--server-prefix`, an address in another network namespace, so that the receiving
+    /// side's work is not done on the server's CPU (bench/transport/two-hosts.sh).
+    #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
+    pub server_ip: IpAddr,
+    /// A command to start the server child under, split on whitespace (for example
+    /// `ip netns exec sluice-b taskset -c 0`).
+    #[arg(long)]
+    pub server_prefix: Option<String>,
 }
 
 /// Options of the hidden server child.
@@ -92,6 +101,9 @@ pub struct ServerArgs {
     /// Chunk size, bytes.
     #[arg(long)]
     pub chunk_bytes: u64,
+    /// Address to listen on.
+    #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
+    pub bind: IpAddr,
 }
 
 /// Everything one run measured (the `--json` output).
@@ -131,6 +143,9 @@ struct Results {
     copy_server_copy_bytes: u64,
     /// Mean bytes moved per `sendfile` call (socket-buffer sized when the client keeps up).
     sendfile_bytes_per_call: u64,
+    /// Where the server ran: its address and the command it was started under, if any.
+    server_ip: String,
+    server_prefix: Option<String>,
     /// 1-minute load average before and after the run (other work on the machine).
     loadavg_before: String,
     loadavg_after: String,
@@ -163,11 +178,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     write_file(&path, file_bytes)?;
     warm(&path)?;
 
-    let mut child = ServerChild::spawn(&path, chunk_bytes)?;
+    let mut child =
+        ServerChild::spawn(&path, chunk_bytes, args.server_ip, args.server_prefix.as_deref())?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let result = rt.block_on(measure(&args, &mut child, file_bytes, chunk_bytes));
     child.stop();
     let mut r = result?;
+    r.server_ip = args.server_ip.to_string();
+    r.server_prefix = args.server_prefix.clone();
     r.loadavg_before = loadavg_before;
     r.loadavg_after = loadavg();
     if args.json {
@@ -328,6 +346,8 @@ async fn measure(
         copy_server_copy_bytes: stats.copy.copy_bytes,
         sendfile_bytes_per_call: stats.zero_copy.sendfile_bytes
             / stats.zero_copy.sendfile_calls.max(1),
+        server_ip: String::new(),
+        server_prefix: None,
         loadavg_before: String::new(),
         loadavg_after: String::new(),
     })
@@ -583,16 +603,25 @@ struct CountersJson {
 }
 
 impl ServerChild {
-    fn spawn(path: &std::path::Path, chunk_bytes: u64) -> anyhow::Result<ServerChild> {
+    fn spawn(
+        path: &std::path::Path,
+        chunk_bytes: u64,
+        ip: IpAddr,
+        prefix: Option<&str>,
+    ) -> anyhow::Result<ServerChild> {
         let exe = std::env::current_exe()?;
-        let mut child = Command::new(exe)
-            .args([
-                "bench",
-                "transport-server",
-                "--chunk-bytes",
-                &chunk_bytes.to_string(),
-                "--file",
-            ])
+        let mut words = prefix.unwrap_or("").split_whitespace();
+        let mut cmd = match words.next() {
+            Some(program) => {
+                let mut c = Command::new(program);
+                c.args(words).arg(exe);
+                c
+            }
+            None => Command::new(exe),
+        };
+        let mut child = cmd
+            .args(["bench", "transport-server", "--chunk-bytes", &chunk_bytes.to_string()])
+            .args(["--bind", &ip.to_string(), "--file"])
             .arg(path)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -609,7 +638,7 @@ impl ServerChild {
             .map(str::parse)
             .collect::<Result<_, _>>()?;
         let [a, b, c, d] = ports[..] else { bail!("child printed {line:?}") };
-        let at = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
+        let at = |p: u16| SocketAddr::new(ip, p);
         Ok(ServerChild { child, stdin, stdout, addrs: (at(a), at(b), at(c)), raw_addr: at(d) })
     }
 
@@ -648,9 +677,9 @@ pub fn run_server(args: ServerArgs) -> anyhow::Result<()> {
     let copy_stats = Arc::new(TransportStats::default());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let ports = rt.block_on(async {
-        let zc = TcpListener::bind("127.0.0.1:0").await?;
-        let cp = TcpListener::bind("127.0.0.1:0").await?;
-        let sink = TcpListener::bind("127.0.0.1:0").await?;
+        let zc = TcpListener::bind((args.bind, 0)).await?;
+        let cp = TcpListener::bind((args.bind, 0)).await?;
+        let sink = TcpListener::bind((args.bind, 0)).await?;
         let ports = (zc.local_addr()?.port(), cp.local_addr()?.port(), sink.local_addr()?.port());
         for (listener, zero_copy, stats) in
             [(zc, true, zc_stats.clone()), (cp, false, copy_stats.clone())]
@@ -664,7 +693,7 @@ pub fn run_server(args: ServerArgs) -> anyhow::Result<()> {
         tokio::spawn(sink_loop(sink));
         anyhow::Ok(ports)
     })?;
-    let raw = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let raw = std::net::TcpListener::bind((args.bind, 0))?;
     let raw_port = raw.local_addr()?.port();
     let raw_file = Arc::new(File::open(&args.file)?);
     std::thread::spawn(move || raw_serve(raw, raw_file, args.chunk_bytes));
@@ -802,7 +831,16 @@ fn progress(args: &Args, text: &str) {
 }
 
 fn print_table(r: &Results) {
-    println!("sluice bench transport — loopback, server in a separate process");
+    match &r.server_prefix {
+        None => println!(
+            "sluice bench transport — server in a separate process at {}",
+            r.server_ip
+        ),
+        Some(p) => println!(
+            "sluice bench transport — server in a separate process at {}, started under `{p}`",
+            r.server_ip
+        ),
+    }
     println!(
         "file bodies: {} MiB file (page cache), {} MiB chunks, {} passes, {} connections × {} in flight",
         r.file_bytes >> 20,
