@@ -121,13 +121,12 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
                 // A retry starts after its failed attempt.
                 for r in mine {
                     pushed +=
-                        run_map(&client, a.clone(), r, bytes_per_map, record_bytes, &bar)
-                            .await?;
+                        run_map(&client, a.clone(), r, bytes_per_map, record_bytes, &bar).await?;
                 }
             } else {
-                let all = mine.into_iter().map(|r| {
-                    run_map(&client, a.clone(), r, bytes_per_map, record_bytes, &bar)
-                });
+                let all = mine
+                    .into_iter()
+                    .map(|r| run_map(&client, a.clone(), r, bytes_per_map, record_bytes, &bar));
                 for p in futures_util::future::join_all(all).await {
                     pushed += p?;
                 }

@@ -1,15 +1,17 @@
 //! `sluice bench transport` at a toy size: it runs, and its counters show that each server took
-//! the path it is reported under (the figures in docs/benchmarks.md rest on that).
+//! the path it is reported under (the figures in docs/benchmarks.md rest on that), cold file
+//! regions included.
 
 mod utils;
 
 use std::time::Duration;
 
-use utils::{run_sluice, Scratch};
+use utils::run_sluice;
 
 #[test]
 fn bench_transport_reports_each_path_it_measured() {
-    let dir = Scratch::new();
+    // On the build disk: `--cold` drops the file's pages, which a memory-backed /tmp keeps.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
     let args = [
         "bench",
         "transport",
@@ -24,6 +26,7 @@ fn bench_transport_reports_each_path_it_measured() {
         "1",
         "--frames",
         "5000",
+        "--cold",
         "--dir",
     ];
     let mut argv: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
@@ -49,5 +52,12 @@ fn bench_transport_reports_each_path_it_measured() {
         "unbatched_msgs_per_s",
     ] {
         assert!(n(k) > 0.0 && n(k).is_finite(), "{k} in {j}");
+    }
+    // Cold: the pool server sent the pass with sendfile and found regions to read in first.
+    let cold = |k: &str| j["cold"][k].as_f64().unwrap_or_else(|| panic!("no cold.{k} in {j}"));
+    assert_eq!(cold("pool_server_sendfile_bytes"), file, "{j}");
+    assert!(cold("pool_server_cold_regions") >= 1.0, "{j}");
+    for k in ["pool_gbps", "inline_gbps", "pool_ping_max_ms", "inline_ping_max_ms"] {
+        assert!(cold(k) > 0.0 && cold(k).is_finite(), "cold.{k} in {j}");
     }
 }

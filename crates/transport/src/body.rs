@@ -41,6 +41,19 @@ impl FileRegion {
         }
     }
 
+    /// Whether the whole region is in the page cache (`cachestat`); `None` when the kernel
+    /// cannot say.
+    pub fn is_cached(&self) -> Option<bool> {
+        sys::region_cached(&self.file, self.offset, self.len)
+    }
+
+    /// Reads the region into the page cache and returns once it is there, without copying it to
+    /// user space. Waits on the disk: call it on a blocking thread
+    /// (`tokio::task::spawn_blocking`), never on an async worker.
+    pub fn populate(&self) -> std::io::Result<()> {
+        sys::populate(&self.file, self.offset, self.len)
+    }
+
     /// Asks the kernel to start reading the region into the page cache (`posix_fadvise` with
     /// `WILLNEED`). It only queues read-ahead and returns, so it is cheap on an async worker; it
     /// keeps the later `sendfile` — which runs on the async worker and would block it on a
@@ -110,5 +123,22 @@ mod tests {
         let e = FileRegion::new(f.clone(), 90, 11).check_len().unwrap_err();
         assert!(matches!(e, TransportError::FileTruncated { file_len: 100, .. }));
         assert!(FileRegion::new(f, u64::MAX, 2).check_len().is_err());
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn populate_reads_a_region_in_and_refuses_one_past_the_end() {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&vec![7u8; 3 * 4096 + 100]).unwrap();
+        let f = Arc::new(f);
+        // An unaligned region inside the file, and one that ends in its last, partial page.
+        FileRegion::new(f.clone(), 100, 4096).populate().unwrap();
+        FileRegion::new(f.clone(), 3 * 4096, 100).populate().unwrap();
+        FileRegion::new(f.clone(), 0, 0).populate().unwrap();
+        assert_ne!(FileRegion::new(f.clone(), 100, 4096).is_cached(), Some(false));
+        // Past the end: an error.
+        let e = FileRegion::new(f.clone(), 0, 6 * 4096).populate().unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
+        assert!(FileRegion::new(f, u64::MAX - 10, 100).populate().is_err());
     }
 }

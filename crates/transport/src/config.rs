@@ -33,6 +33,11 @@ pub struct ServerConfig {
     /// Send file bodies with `sendfile(2)` (true) or with `pread` + `write` through a user-space
     /// buffer (false: the baseline, and the automatic fallback when `sendfile` is unavailable).
     pub zero_copy: bool,
+    /// Before queueing a file body that is not all in the page cache (`cachestat(2)`), read it
+    /// in on tokio's blocking pool, so that `sendfile` (or the copy path's `pread`), which runs
+    /// on an async worker, never waits on the disk there. `false` sends cold regions as they are
+    /// (the comparison baseline of `sluice bench transport --cold`).
+    pub cold_regions_on_blocking_pool: bool,
     /// Shared secret a client's handshake must carry; `None` turns authentication off.
     pub secret: Option<String>,
     /// Set `TCP_NODELAY` on accepted sockets.
@@ -64,6 +69,7 @@ impl Default for ServerConfig {
             outbound_max_file_frames: 64,
             idle_timeout_ms: 120_000,
             zero_copy: true,
+            cold_regions_on_blocking_pool: true,
             secret: None,
             tcp_nodelay: true,
             send_buffer_bytes: None,

@@ -51,6 +51,11 @@ stats! {
     protocol_errors,
     /// Request bodies discarded after `Admission::Reject`.
     bodies_rejected,
+    /// File bodies not wholly in the page cache when queued, read in on the blocking pool first
+    /// (so `sendfile` on an async worker does not wait on the disk).
+    file_regions_cold,
+    /// Bytes of those regions.
+    file_regions_cold_bytes,
     /// File bodies answered with `DATA_LOST` because the file was shorter than the region.
     file_regions_truncated,
     /// Connections dropped because the peer made no progress for the idle timeout.

@@ -5,7 +5,7 @@ mod utils;
 use std::sync::Arc;
 
 use sluice_proto::{ErrorCode, Message};
-use sluice_transport::{Body, ClientConfig, Connection, ServerConfig, TransportError};
+use sluice_transport::{Body, ClientConfig, Connection, FileRegion, ServerConfig, TransportError};
 use utils::*;
 
 async fn fetch_all(zero_copy: bool) -> sluice_transport::StatsSnapshot {
@@ -38,6 +38,47 @@ async fn zero_copy_counters() {
     let s = fetch_all(false).await;
     assert_eq!(s.sendfile_bytes, 0);
     assert_eq!(s.copy_bytes, 4 << 20);
+}
+
+/// A region that is not in the page cache is read in on the blocking pool before its frame is
+/// queued, so the writer's `sendfile` on an async worker never waits on the disk; a cached one is
+/// sent as it is. Both arrive intact through `sendfile`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_region_is_read_in_off_the_async_workers() {
+    use std::os::fd::AsRawFd;
+    // On the build disk, not a possibly memory-backed /tmp whose pages cannot be dropped.
+    let (file, data) = pattern_file_in(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")), 4 << 20);
+    file.as_file().sync_all().unwrap();
+    // The pages are clean after the sync, so the kernel drops them on this advice. (The whole
+    // file: a large folio that straddles a smaller range would stay.)
+    // SAFETY: plain syscall on an open descriptor.
+    let r =
+        unsafe { libc::posix_fadvise(file.as_file().as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(r, 0);
+    let shared = Arc::new(file.reopen().unwrap());
+    let chunk1 = FileRegion::new(shared.clone(), 1 << 20, 1 << 20);
+    match chunk1.is_cached() {
+        None => {
+            eprintln!("cachestat(2) unavailable on this kernel: cold regions cannot be detected");
+            return;
+        }
+        Some(cached) => assert!(!cached, "chunk 1 still cached after POSIX_FADV_DONTNEED"),
+    }
+
+    let handler = TestHandler { file: Some(shared), chunk_bytes: 1 << 20, ..Default::default() };
+    let server = TestServer::start(handler, ServerConfig::default()).await;
+    let conn = Connection::connect(server.addr, &client_config()).await.unwrap();
+    // Cold, then cached.
+    for _ in 0..2 {
+        let r = conn.request(fetch(1), Body::Empty).await.unwrap();
+        assert_eq!(&r.body[..], &data[1 << 20..2 << 20]);
+    }
+    let s = server.stats.snapshot();
+    assert_eq!((s.file_regions_cold, s.file_regions_cold_bytes), (1, 1 << 20), "{s:?}");
+    assert_eq!((s.sendfile_bytes, s.copy_bytes), (2 << 20, 0), "{s:?}");
+    assert_eq!(chunk1.is_cached(), Some(true));
+    drop(conn);
+    server.stop().await;
 }
 
 /// Tiny SO_SNDBUF/SO_RCVBUF force many partial sendfile and writev calls; every byte must still

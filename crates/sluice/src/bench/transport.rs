@@ -28,7 +28,7 @@ use bytes::Bytes;
 use serde::Serialize;
 use sluice_proto::frame::DEFAULT_MAX_FRAME_BYTES;
 use sluice_proto::message::{
-    ChunkData, FetchChunk, Handshake, FEATURE_CRC32C, MAGIC, PROTOCOL_VERSION,
+    ChunkData, FetchChunk, Handshake, Ping, FEATURE_CRC32C, MAGIC, PROTOCOL_VERSION,
 };
 use sluice_proto::{encode_frame, ErrorCode, Message};
 use sluice_transport::{
@@ -90,6 +90,12 @@ pub struct Args {
     /// `ip netns exec sluice-b taskset -c 0`).
     #[arg(long)]
     pub server_prefix: Option<String>,
+    /// Also serve the file cold: before each measurement its pages are dropped from the page
+    /// cache; one pass is fetched from a zero-copy server that reads cold regions in on its
+    /// blocking pool and from one that leaves them to `sendfile`, while another connection
+    /// pings the same server every millisecond (the file must be on a disk, not tmpfs).
+    #[arg(long)]
+    pub cold: bool,
 }
 
 /// Options of the hidden server child.
@@ -143,6 +149,8 @@ struct Results {
     copy_server_copy_bytes: u64,
     /// Mean bytes moved per `sendfile` call (socket-buffer sized when the client keeps up).
     sendfile_bytes_per_call: u64,
+    /// With `--cold`: the cold-file measurement.
+    cold: Option<ColdResults>,
     /// Where the server ran: its address and the command it was started under, if any.
     server_ip: String,
     server_prefix: Option<String>,
@@ -181,7 +189,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut child =
         ServerChild::spawn(&path, chunk_bytes, args.server_ip, args.server_prefix.as_deref())?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let result = rt.block_on(measure(&args, &mut child, file_bytes, chunk_bytes));
+    let result = rt.block_on(async {
+        let mut r = measure(&args, &mut child, file_bytes, chunk_bytes).await?;
+        if args.cold {
+            r.cold = Some(measure_cold(&args, &mut child, &path, file_bytes, chunk_bytes).await?);
+        }
+        anyhow::Ok(r)
+    });
     child.stop();
     let mut r = result?;
     r.server_ip = args.server_ip.to_string();
@@ -346,6 +360,7 @@ async fn measure(
         copy_server_copy_bytes: stats.copy.copy_bytes,
         sendfile_bytes_per_call: stats.zero_copy.sendfile_bytes
             / stats.zero_copy.sendfile_calls.max(1),
+        cold: None,
         server_ip: String::new(),
         server_prefix: None,
         loadavg_before: String::new(),
@@ -359,6 +374,136 @@ fn mode(zero_copy: bool) -> &'static str {
     } else {
         "copy    "
     }
+}
+
+/// The `--cold` measurement (best round's GB/s; ping round trips of all rounds together).
+#[derive(Debug, Serialize)]
+struct ColdResults {
+    /// Cold regions read in on the blocking pool first (the default).
+    pool_gbps: f64,
+    pool_ping_p50_ms: f64,
+    pool_ping_p99_ms: f64,
+    pool_ping_max_ms: f64,
+    /// Cold regions left to the writer's `sendfile` on the async worker.
+    inline_gbps: f64,
+    inline_ping_p50_ms: f64,
+    inline_ping_p99_ms: f64,
+    inline_ping_max_ms: f64,
+    /// Regions the pool server found cold and read in (from its counters).
+    pool_server_cold_regions: u64,
+    /// Bytes the pool server sent with `sendfile` during the cold rounds.
+    pool_server_sendfile_bytes: u64,
+}
+
+/// Drops the file's pages from the page cache (they are clean: `write_file` synced them) and
+/// checks that its first chunk is gone.
+fn evict(path: &std::path::Path, chunk_bytes: u64) -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = File::open(path)?;
+    // SAFETY: plain syscall on an open descriptor; no memory is passed.
+    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if r != 0 {
+        bail!("posix_fadvise(DONTNEED) failed: {}", std::io::Error::from_raw_os_error(r));
+    }
+    match FileRegion::new(Arc::new(f), 0, chunk_bytes).is_cached() {
+        Some(false) => Ok(()),
+        Some(true) => bail!(
+            "{} stayed in the page cache after DONTNEED (on tmpfs? use --dir on a disk)",
+            path.display()
+        ),
+        None => bail!("cachestat(2) is unavailable on this kernel; --cold needs it"),
+    }
+}
+
+/// Pings `addr` every millisecond until `stop` flips; returns the round trips.
+async fn ping_loop(
+    addr: SocketAddr,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<Vec<f64>> {
+    let conn = Connection::connect(addr, &ClientConfig::default()).await?;
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut rtts = Vec::new();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return Ok(rtts),
+        }
+        let t = Instant::now();
+        conn.request(Message::Ping(Ping {}), Body::Empty).await?;
+        rtts.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+}
+
+/// The `q` quantile of `v` (sorted in place).
+fn quantile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+async fn measure_cold(
+    args: &Args,
+    child: &mut ServerChild,
+    path: &std::path::Path,
+    file_bytes: u64,
+    chunk_bytes: u64,
+) -> anyhow::Result<ColdResults> {
+    let chunks = file_bytes / chunk_bytes;
+    let before = child.stats()?.zero_copy;
+    let (mut best, mut rtts) = ([0.0f64; 2], [Vec::new(), Vec::new()]);
+    for round in 0..args.rounds {
+        for (i, addr) in [child.addrs.0, child.cold_inline_addr].into_iter().enumerate() {
+            evict(path, chunk_bytes)?;
+            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            let pinger = tokio::spawn(ping_loop(addr, stop_rx));
+            let t = Instant::now();
+            let n = args.connections as u64;
+            let lanes: Vec<_> = (0..n)
+                .map(|c| {
+                    let count = chunks / n + u64::from(c < chunks % n);
+                    let pipeline = args.pipeline;
+                    tokio::spawn(async move {
+                        fetch_chunks_lean(addr, count, chunks, chunk_bytes, pipeline, c, n).await
+                    })
+                })
+                .collect();
+            for lane in lanes {
+                lane.await??;
+            }
+            let secs = t.elapsed().as_secs_f64();
+            let _ = stop_tx.send(true);
+            let mut r = pinger.await??;
+            let gbps = file_bytes as f64 / 1e9 / secs;
+            progress(
+                args,
+                &format!(
+                    "round {round}: cold file, {}: {gbps:.2} GB/s, ping p99 {:.2} ms, max {:.2} ms",
+                    if i == 0 { "read in on the blocking pool" } else { "left to sendfile" },
+                    quantile(&mut r, 0.99),
+                    quantile(&mut r, 1.0)
+                ),
+            );
+            best[i] = best[i].max(gbps);
+            rtts[i].extend(r);
+        }
+    }
+    let after = child.stats()?.zero_copy;
+    let [mut p, mut l] = rtts;
+    Ok(ColdResults {
+        pool_gbps: best[0],
+        pool_ping_p50_ms: quantile(&mut p, 0.5),
+        pool_ping_p99_ms: quantile(&mut p, 0.99),
+        pool_ping_max_ms: quantile(&mut p, 1.0),
+        inline_gbps: best[1],
+        inline_ping_p50_ms: quantile(&mut l, 0.5),
+        inline_ping_p99_ms: quantile(&mut l, 0.99),
+        inline_ping_max_ms: quantile(&mut l, 1.0),
+        pool_server_cold_regions: after.file_regions_cold - before.file_regions_cold,
+        pool_server_sendfile_bytes: after.sendfile_bytes - before.sendfile_bytes,
+    })
 }
 
 /// Fetches `total` chunks (cycling over the file) through one connection, `pipeline` at a time.
@@ -587,6 +732,8 @@ struct ServerChild {
     stdout: BufReader<ChildStdout>,
     addrs: (SocketAddr, SocketAddr, SocketAddr),
     raw_addr: SocketAddr,
+    /// A zero-copy server that leaves cold regions to `sendfile` (the `--cold` baseline).
+    cold_inline_addr: SocketAddr,
 }
 
 #[derive(serde::Deserialize)]
@@ -600,6 +747,7 @@ struct CountersJson {
     sendfile_bytes: u64,
     sendfile_calls: u64,
     copy_bytes: u64,
+    file_regions_cold: u64,
 }
 
 impl ServerChild {
@@ -637,9 +785,16 @@ impl ServerChild {
             .split_whitespace()
             .map(str::parse)
             .collect::<Result<_, _>>()?;
-        let [a, b, c, d] = ports[..] else { bail!("child printed {line:?}") };
+        let [a, b, c, d, e] = ports[..] else { bail!("child printed {line:?}") };
         let at = |p: u16| SocketAddr::new(ip, p);
-        Ok(ServerChild { child, stdin, stdout, addrs: (at(a), at(b), at(c)), raw_addr: at(d) })
+        Ok(ServerChild {
+            child,
+            stdin,
+            stdout,
+            addrs: (at(a), at(b), at(c)),
+            raw_addr: at(d),
+            cold_inline_addr: at(e),
+        })
     }
 
     fn ask(&mut self, what: &str) -> anyhow::Result<String> {
@@ -680,11 +835,20 @@ pub fn run_server(args: ServerArgs) -> anyhow::Result<()> {
         let zc = TcpListener::bind((args.bind, 0)).await?;
         let cp = TcpListener::bind((args.bind, 0)).await?;
         let sink = TcpListener::bind((args.bind, 0)).await?;
-        let ports = (zc.local_addr()?.port(), cp.local_addr()?.port(), sink.local_addr()?.port());
-        for (listener, zero_copy, stats) in
-            [(zc, true, zc_stats.clone()), (cp, false, copy_stats.clone())]
-        {
-            let cfg = ServerConfig { zero_copy, ..ServerConfig::default() };
+        let inline = TcpListener::bind((args.bind, 0)).await?;
+        let ports = [&zc, &cp, &sink, &inline].map(|l| l.local_addr().map(|a| a.port()));
+        // The zero-copy server, the copy server, and a zero-copy server that leaves cold
+        // regions to `sendfile` (its own counters: the `--cold` baseline).
+        for (listener, zero_copy, cold_on_pool, stats) in [
+            (zc, true, true, zc_stats.clone()),
+            (cp, false, true, copy_stats.clone()),
+            (inline, true, false, Arc::new(TransportStats::default())),
+        ] {
+            let cfg = ServerConfig {
+                zero_copy,
+                cold_regions_on_blocking_pool: cold_on_pool,
+                ..ServerConfig::default()
+            };
             let mut stop = stop_rx.clone();
             tokio::spawn(serve(listener, handler.clone(), cfg, stats, async move {
                 let _ = stop.wait_for(|s| *s).await;
@@ -698,7 +862,8 @@ pub fn run_server(args: ServerArgs) -> anyhow::Result<()> {
     let raw_file = Arc::new(File::open(&args.file)?);
     std::thread::spawn(move || raw_serve(raw, raw_file, args.chunk_bytes));
     let mut out = std::io::stdout().lock();
-    writeln!(out, "ports {} {} {} {raw_port}", ports.0, ports.1, ports.2)?;
+    let [zc, cp, sink, inline] = ports;
+    writeln!(out, "ports {} {} {} {raw_port} {}", zc?, cp?, sink?, inline?)?;
     out.flush()?;
     for line in std::io::stdin().lock().lines() {
         match line?.trim() {
@@ -832,10 +997,9 @@ fn progress(args: &Args, text: &str) {
 
 fn print_table(r: &Results) {
     match &r.server_prefix {
-        None => println!(
-            "sluice bench transport — server in a separate process at {}",
-            r.server_ip
-        ),
+        None => {
+            println!("sluice bench transport — server in a separate process at {}", r.server_ip)
+        }
         Some(p) => println!(
             "sluice bench transport — server in a separate process at {}, started under `{p}`",
             r.server_ip
@@ -878,6 +1042,34 @@ fn print_table(r: &Results) {
         r.raw_sendfile_gbps / r.raw_copy_gbps,
         r.raw_sendfile_server_cpu_s_per_gb / r.raw_copy_server_cpu_s_per_gb
     );
+    if let Some(c) = &r.cold {
+        println!(
+            "cold file (pages dropped before each pass), sendfile, a ping every ms meanwhile:"
+        );
+        println!(
+            "  {:<34} {:>6} {:>10} {:>10} {:>10}",
+            "cold regions", "GB/s", "ping p50", "p99", "max ms"
+        );
+        for (what, g, p50, p99, max) in [
+            (
+                "read in on the blocking pool",
+                c.pool_gbps,
+                c.pool_ping_p50_ms,
+                c.pool_ping_p99_ms,
+                c.pool_ping_max_ms,
+            ),
+            (
+                "left to sendfile (async worker)",
+                c.inline_gbps,
+                c.inline_ping_p50_ms,
+                c.inline_ping_p99_ms,
+                c.inline_ping_max_ms,
+            ),
+        ] {
+            println!("  {what:<34} {g:>6.2} {p50:>10.2} {p99:>10.2} {max:>10.2}");
+        }
+        println!("  ({} regions were cold when queued)", c.pool_server_cold_regions);
+    }
     println!("small frames: {} frames of {} B body", r.frames, r.frame_body_bytes);
     println!("  {:<22} {:>14}", "writer", "M msg/s");
     println!(

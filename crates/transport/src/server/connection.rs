@@ -97,10 +97,11 @@ pub(super) async fn run<H: Handler>(
     tracing::debug!(app_id = ?conn.app_id, max_frame, "handshake done");
 
     let (outbound, mut writer) = Outbound::start(wr, WriterOptions::from(&*cfg), stats.clone());
+    let opts = ResponseOpts { max_frame, cold_on_pool: cfg.cold_regions_on_blocking_pool };
     let max_inflight = cfg.max_inflight_requests_per_connection;
     let inflight = Arc::new(Semaphore::new(max_inflight));
     let end = tokio::select! {
-        end = read_loop(&mut reader, &conn, &handler, &outbound, &inflight, max_frame, &stats) => end,
+        end = read_loop(&mut reader, &conn, &handler, &outbound, &inflight, opts, &stats) => end,
         w = &mut writer => End::WriterEnded(w.unwrap_or_else(|e| Err(TransportError::Closed(format!("writer task: {e}"))))),
         _ = stop.wait_for(|s| *s) => End::Shutdown,
     };
@@ -265,9 +266,10 @@ async fn read_loop<H: Handler>(
     handler: &Arc<H>,
     outbound: &Outbound,
     inflight: &Arc<Semaphore>,
-    max_frame: u32,
+    opts: ResponseOpts,
     stats: &Arc<TransportStats>,
 ) -> End {
+    let max_frame = opts.max_frame;
     loop {
         // Stop reading while the connection has its fill of requests in flight: the peer then
         // feels the backpressure through TCP.
@@ -330,7 +332,7 @@ async fn read_loop<H: Handler>(
                         tracing::error!(request_id, "request handler panicked");
                         Response::error(ErrorCode::Internal, "request handler panicked")
                     });
-                    let _ = send_response(&outbound, request_id, resp, max_frame, &stats).await;
+                    let _ = send_response(&outbound, request_id, resp, opts, &stats).await;
                     drop(permit);
                 });
             }
@@ -340,7 +342,7 @@ async fn read_loop<H: Handler>(
                 }
                 TransportStats::add(&stats.bodies_rejected, 1);
                 let resp = Response::msg(reply);
-                if send_response(outbound, h.request_id, resp, max_frame, stats).await.is_err() {
+                if send_response(outbound, h.request_id, resp, opts, stats).await.is_err() {
                     return End::ReadFailed(TransportError::Closed("writer stopped".into()));
                 }
             }
@@ -348,20 +350,50 @@ async fn read_loop<H: Handler>(
     }
 }
 
+/// How one connection's responses are queued.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ResponseOpts {
+    /// The frame size the handshake negotiated.
+    pub max_frame: u32,
+    /// [`ServerConfig::cold_regions_on_blocking_pool`].
+    pub cold_on_pool: bool,
+}
+
 /// Queues a response. A file body whose file is shorter than its region becomes `DATA_LOST`
 /// (before any byte of the frame is written); a response too large for the negotiated frame
-/// size becomes `INTERNAL`.
+/// size becomes `INTERNAL`. A file body that is not all in the page cache is read in on tokio's
+/// blocking pool first: the writer's `sendfile` runs on an async worker, and a page-cache miss
+/// there would stall every connection of that worker for the disk read.
 pub(crate) async fn send_response(
     outbound: &Outbound,
     request_id: u32,
     resp: Response,
-    max_frame: u32,
+    opts: ResponseOpts,
     stats: &TransportStats,
 ) -> Result<(), TransportError> {
     let Response { mut message, mut body } = resp;
     if let Body::File(region) = &body {
         match region.check_len() {
-            Ok(()) => region.will_need(),
+            Ok(()) => match region.is_cached() {
+                Some(true) => {}
+                Some(false) if opts.cold_on_pool => {
+                    TransportStats::add(&stats.file_regions_cold, 1);
+                    TransportStats::add(&stats.file_regions_cold_bytes, region.len);
+                    let r = region.clone();
+                    match tokio::task::spawn_blocking(move || r.populate()).await {
+                        Ok(Ok(())) => {}
+                        // The writer reads it then, as it would have without this step.
+                        Ok(Err(e)) => {
+                            tracing::debug!(request_id, error = %e, "reading a cold region in failed");
+                            region.will_need();
+                        }
+                        Err(e) => tracing::warn!(request_id, error = %e, "cold region task failed"),
+                    }
+                }
+                // Cold but left to the writer (the benchmark's baseline), or the kernel cannot
+                // say: queue read-ahead and let the writer find out.
+                Some(false) | None => region.will_need(),
+            },
             Err(e) => {
                 tracing::warn!(request_id, error = %e, "file body truncated; answering DATA_LOST");
                 TransportStats::add(&stats.file_regions_truncated, 1);
@@ -370,7 +402,7 @@ pub(crate) async fn send_response(
             }
         }
     }
-    let frame = match OutFrame::new(request_id, &message, body, max_frame) {
+    let frame = match OutFrame::new(request_id, &message, body, opts.max_frame) {
         Ok(f) => f,
         Err(e) => {
             tracing::error!(request_id, error = %e, "response does not fit in a frame");

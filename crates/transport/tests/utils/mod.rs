@@ -141,9 +141,14 @@ pub fn fetch(chunk_index: u32) -> Message {
 
 /// A temp file of `len` bytes with a position-dependent pattern.
 pub fn pattern_file(len: usize) -> (tempfile::NamedTempFile, Vec<u8>) {
+    pattern_file_in(&std::env::temp_dir(), len)
+}
+
+/// [`pattern_file`] in `dir`.
+pub fn pattern_file_in(dir: &std::path::Path, len: usize) -> (tempfile::NamedTempFile, Vec<u8>) {
     use std::io::Write;
     let data: Vec<u8> = (0..len).map(|i| ((i / 7) ^ (i % 253)) as u8).collect();
-    let mut f = tempfile::NamedTempFile::new().unwrap();
+    let mut f = tempfile::NamedTempFile::new_in(dir).unwrap();
     f.write_all(&data).unwrap();
     f.flush().unwrap();
     (f, data)
