@@ -129,6 +129,8 @@ impl Server {
             ("sluice_server_sendfile_bytes_total", t.sendfile_bytes),
             ("sluice_server_writev_bytes_total", t.writev_bytes),
             ("sluice_server_copy_bytes_total", t.copy_bytes),
+            ("sluice_server_cold_regions_total", t.file_regions_cold),
+            ("sluice_server_cold_region_bytes_total", t.file_regions_cold_bytes),
             ("sluice_server_recycled_files_reused_total", state.storage.reused_files()),
             ("sluice_server_recycle_pool_bytes", state.storage.pooled_bytes()),
         ])
