@@ -490,7 +490,17 @@ async fn measure_cold(
             rtts[i].extend(r);
         }
     }
-    let after = child.stats()?.zero_copy;
+    // The server counts a body once its `sendfile` returns, which may be after the client has
+    // it: give the counters a moment to catch up.
+    let sent = file_bytes * args.rounds as u64;
+    let mut after = child.stats()?.zero_copy;
+    for _ in 0..100 {
+        if after.sendfile_bytes - before.sendfile_bytes >= sent {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        after = child.stats()?.zero_copy;
+    }
     let [mut p, mut l] = rtts;
     Ok(ColdResults {
         pool_gbps: best[0],
