@@ -259,6 +259,16 @@ def report(runs, out=sys.stdout):
       f"{total['sluice'] / total['builtin']:>7.2f}")
 
 
+def pool_line(c):
+    """The run's busy replies and body buffers reused/allocated, when Sluice took pushes."""
+    reused = c.get("sluice_server_body_buffers_reused_total", 0)
+    allocated = c.get("sluice_server_body_buffers_allocated_total", 0)
+    if not reused and not allocated:
+        return ""
+    return (f", busy {c.get('sluice_server_busy_replies_total', 0):.0f}, body buffers "
+            f"{reused:.0f} reused / {allocated:.0f} new")
+
+
 def orchestrate(args):
     import conftest
 
@@ -279,6 +289,7 @@ def orchestrate(args):
             started = time.monotonic()
             server_pids = [p.proc.pid for p in sluice.servers]
             server_cpu = cpu_seconds(server_pids)
+            counters = sluice.counters()
             cmd = [sys.executable, __file__, "--child", "--mode", mode, "--master", spark.url,
                    "--coordinator", sluice.coordinator]
             log = work / f"run{i + 1}-{mode}.log"
@@ -292,6 +303,10 @@ def orchestrate(args):
             r["load1_before"] = load
             r["load1_after"] = load1()
             r["sluice_server_cpu_s"] = cpu_seconds(server_pids) - server_cpu
+            # The servers' counters over this run (both servers summed).
+            after = sluice.counters()
+            r["sluice_counters"] = {k: v - counters.get(k, 0.0) for k, v in after.items()
+                                    if k.endswith("_total")}
             time.sleep(2 * sampler.interval)  # a sample after the last stage's end
             for stages in r["stages"].values():
                 for st in stages:
@@ -301,7 +316,8 @@ def orchestrate(args):
             walls = " ".join(f"{q}={r['walls'][q]:.1f}s" for q in QUERIES)
             print(f"run {i + 1}/{len(order)} {mode:<8} load {load:.2f} -> "
                   f"{r['load1_after']:.2f}  {walls}  sluice servers' CPU "
-                  f"{r['sluice_server_cpu_s']:.1f} s  ({time.monotonic() - started:.0f} s)",
+                  f"{r['sluice_server_cpu_s']:.1f} s{pool_line(r['sluice_counters'])}  "
+                  f"({time.monotonic() - started:.0f} s)",
                   flush=True)
     finally:
         sampler.stop()
