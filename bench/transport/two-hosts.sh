@@ -8,8 +8,8 @@
 #
 #   bench/transport/two-hosts.sh [--veth-mtu N] [bench transport options…]
 #
-# Default MTU 65535 (as loopback; veth carries TSO/GSO segments either way); --veth-mtu 1500 for
-# an Ethernet-sized MTU.
+# Default MTU 1500, as on an Ethernet NIC; --veth-mtu 65535 gives loopback's packet size (which
+# changes which path is cheaper: docs/benchmarks.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -18,7 +18,7 @@ A=sluice-b0   # root namespace end (client side)
 B=sluice-b1   # server namespace end
 CLIENT_IP=10.213.0.1
 SERVER_IP=10.213.0.2
-MTU=65535
+MTU=1500
 if [[ "${1:-}" == "--veth-mtu" ]]; then MTU="$2"; shift 2; fi
 
 [[ $(id -u) == 0 ]] || { echo "two-hosts.sh: needs root (network namespaces)" >&2; exit 2; }
