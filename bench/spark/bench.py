@@ -260,13 +260,15 @@ def report(runs, out=sys.stdout):
 
 
 def pool_line(c):
-    """The run's busy replies and body buffers reused/allocated, when Sluice took pushes."""
+    """The run's busy replies, body buffers reused/allocated and recycled files reused, when
+    Sluice took pushes."""
     reused = c.get("sluice_server_body_buffers_reused_total", 0)
     allocated = c.get("sluice_server_body_buffers_allocated_total", 0)
     if not reused and not allocated:
         return ""
     return (f", busy {c.get('sluice_server_busy_replies_total', 0):.0f}, body buffers "
-            f"{reused:.0f} reused / {allocated:.0f} new")
+            f"{reused:.0f} reused / {allocated:.0f} new, recycled files "
+            f"{c.get('sluice_server_recycled_files_reused_total', 0):.0f}")
 
 
 def orchestrate(args):
