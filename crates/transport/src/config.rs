@@ -38,6 +38,10 @@ pub struct ServerConfig {
     /// on an async worker, never waits on the disk there. `false` sends cold regions as they are
     /// (the comparison baseline of `sluice bench transport --cold`).
     pub cold_regions_on_blocking_pool: bool,
+    /// Cold regions read in at once per listener (the rest wait their turn without holding a
+    /// thread): a bound on the disk reads in flight, which a spinning disk wants small. 0: only
+    /// tokio's blocking pool (512 threads) bounds them.
+    pub max_cold_reads: usize,
     /// Shared secret a client's handshake must carry; `None` turns authentication off.
     pub secret: Option<String>,
     /// Set `TCP_NODELAY` on accepted sockets.
@@ -70,6 +74,7 @@ impl Default for ServerConfig {
             idle_timeout_ms: 120_000,
             zero_copy: true,
             cold_regions_on_blocking_pool: true,
+            max_cold_reads: 16,
             secret: None,
             tcp_nodelay: true,
             send_buffer_bytes: None,

@@ -56,6 +56,10 @@ stats! {
     file_regions_cold,
     /// Bytes of those regions.
     file_regions_cold_bytes,
+    /// Cold regions being read in now (gauge).
+    file_regions_cold_reading,
+    /// Highest `file_regions_cold_reading` seen so far (bounded by `max_cold_reads`).
+    file_regions_cold_reading_peak,
     /// File bodies answered with `DATA_LOST` because the file was shorter than the region.
     file_regions_truncated,
     /// Connections dropped because the peer made no progress for the idle timeout.

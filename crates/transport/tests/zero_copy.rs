@@ -40,14 +40,11 @@ async fn zero_copy_counters() {
     assert_eq!(s.copy_bytes, 4 << 20);
 }
 
-/// A region that is not in the page cache is read in on the blocking pool before its frame is
-/// queued, so the writer's `sendfile` on an async worker never waits on the disk; a cached one is
-/// sent as it is. Both arrive intact through `sendfile`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cold_region_is_read_in_off_the_async_workers() {
+/// A pattern file on the build disk (not a possibly memory-backed /tmp, whose pages cannot be
+/// dropped) with none of its pages cached; `None` where `cachestat(2)` cannot tell.
+fn cold_pattern_file(len: usize) -> Option<(tempfile::NamedTempFile, Vec<u8>, Arc<std::fs::File>)> {
     use std::os::fd::AsRawFd;
-    // On the build disk, not a possibly memory-backed /tmp whose pages cannot be dropped.
-    let (file, data) = pattern_file_in(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")), 4 << 20);
+    let (file, data) = pattern_file_in(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")), len);
     file.as_file().sync_all().unwrap();
     // The pages are clean after the sync, so the kernel drops them on this advice. (The whole
     // file: a large folio that straddles a smaller range would stay.)
@@ -56,14 +53,26 @@ async fn a_cold_region_is_read_in_off_the_async_workers() {
         unsafe { libc::posix_fadvise(file.as_file().as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     assert_eq!(r, 0);
     let shared = Arc::new(file.reopen().unwrap());
-    let chunk1 = FileRegion::new(shared.clone(), 1 << 20, 1 << 20);
-    match chunk1.is_cached() {
+    match FileRegion::new(shared.clone(), 0, len as u64).is_cached() {
         None => {
             eprintln!("cachestat(2) unavailable on this kernel: cold regions cannot be detected");
-            return;
+            None
         }
-        Some(cached) => assert!(!cached, "chunk 1 still cached after POSIX_FADV_DONTNEED"),
+        Some(cached) => {
+            assert!(!cached, "still cached after POSIX_FADV_DONTNEED");
+            Some((file, data, shared))
+        }
     }
+}
+
+/// A region that is not in the page cache is read in on the blocking pool before its frame is
+/// queued, so the writer's `sendfile` on an async worker never waits on the disk; a cached one is
+/// sent as it is. Both arrive intact through `sendfile`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_region_is_read_in_off_the_async_workers() {
+    let Some((_file, data, shared)) = cold_pattern_file(4 << 20) else { return };
+    let chunk1 = FileRegion::new(shared.clone(), 1 << 20, 1 << 20);
+    assert_eq!(chunk1.is_cached(), Some(false));
 
     let handler = TestHandler { file: Some(shared), chunk_bytes: 1 << 20, ..Default::default() };
     let server = TestServer::start(handler, ServerConfig::default()).await;
@@ -79,6 +88,35 @@ async fn a_cold_region_is_read_in_off_the_async_workers() {
     assert_eq!((s.file_regions_cold, s.file_regions_cold_bytes), (1, 1 << 20), "{s:?}");
     assert_eq!((s.sendfile_bytes, s.copy_bytes), (2 << 20, 0), "{s:?}");
     assert_eq!(chunk1.is_cached(), Some(true));
+    drop(conn);
+    server.stop().await;
+}
+
+/// `max_cold_reads` bounds the read-ins in flight: with 1, requests for several cold chunks at
+/// once are read in one at a time, and every body still arrives intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_read_ins_are_bounded() {
+    let Some((_file, data, shared)) = cold_pattern_file(8 << 20) else { return };
+    let handler = TestHandler { file: Some(shared), chunk_bytes: 1 << 20, ..Default::default() };
+    let cfg = ServerConfig { max_cold_reads: 1, ..Default::default() };
+    let server = TestServer::start(handler, cfg).await;
+    let conn = Arc::new(Connection::connect(server.addr, &client_config()).await.unwrap());
+    // Every other chunk, so read-ahead of one does not warm the next asked for.
+    let tasks: Vec<_> = [0u32, 2, 4, 6]
+        .into_iter()
+        .map(|i| {
+            let conn = conn.clone();
+            tokio::spawn(async move { (i, conn.request(fetch(i), Body::Empty).await.unwrap()) })
+        })
+        .collect();
+    for t in tasks {
+        let (i, r) = t.await.unwrap();
+        assert_eq!(&r.body[..], &data[(i as usize) << 20..((i as usize) + 1) << 20]);
+    }
+    let s = server.stats.snapshot();
+    assert!(s.file_regions_cold >= 2, "{s:?}");
+    assert_eq!(s.file_regions_cold_reading_peak, 1, "{s:?}");
+    assert_eq!(s.file_regions_cold_reading, 0, "{s:?}");
     drop(conn);
     server.stop().await;
 }

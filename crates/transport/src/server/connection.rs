@@ -57,10 +57,11 @@ pub(super) async fn run<H: Handler>(
     id: u64,
     peer: SocketAddr,
     handler: Arc<H>,
-    cfg: Arc<ServerConfig>,
+    shared: Arc<Shared>,
     stats: Arc<TransportStats>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let cfg = &shared.cfg;
     TransportStats::add(&stats.connections_open, 1);
     let _open = OpenGauge(stats.clone());
     if let Err(e) = configure(&stream, cfg.tcp_nodelay, cfg.send_buffer_bytes, None) {
@@ -72,7 +73,7 @@ pub(super) async fn run<H: Handler>(
     reader.set_body_pool(handler.body_pool());
 
     let handshake = tokio::select! {
-        r = handshake(&mut reader, &cfg, idle, id, peer) => r,
+        r = handshake(&mut reader, cfg, idle, id, peer) => r,
         _ = stop.wait_for(|s| *s) => return,
     };
     let (conn, max_frame, reply) = match handshake {
@@ -96,12 +97,16 @@ pub(super) async fn run<H: Handler>(
     reader.max_frame_bytes = max_frame;
     tracing::debug!(app_id = ?conn.app_id, max_frame, "handshake done");
 
-    let (outbound, mut writer) = Outbound::start(wr, WriterOptions::from(&*cfg), stats.clone());
-    let opts = ResponseOpts { max_frame, cold_on_pool: cfg.cold_regions_on_blocking_pool };
+    let (outbound, mut writer) = Outbound::start(wr, WriterOptions::from(cfg), stats.clone());
+    let opts = ResponseOpts {
+        max_frame,
+        cold_on_pool: cfg.cold_regions_on_blocking_pool,
+        cold_reads: shared.cold_reads.clone(),
+    };
     let max_inflight = cfg.max_inflight_requests_per_connection;
     let inflight = Arc::new(Semaphore::new(max_inflight));
     let end = tokio::select! {
-        end = read_loop(&mut reader, &conn, &handler, &outbound, &inflight, opts, &stats) => end,
+        end = read_loop(&mut reader, &conn, &handler, &outbound, &inflight, &opts, &stats) => end,
         w = &mut writer => End::WriterEnded(w.unwrap_or_else(|e| Err(TransportError::Closed(format!("writer task: {e}"))))),
         _ = stop.wait_for(|s| *s) => End::Shutdown,
     };
@@ -266,7 +271,7 @@ async fn read_loop<H: Handler>(
     handler: &Arc<H>,
     outbound: &Outbound,
     inflight: &Arc<Semaphore>,
-    opts: ResponseOpts,
+    opts: &ResponseOpts,
     stats: &Arc<TransportStats>,
 ) -> End {
     let max_frame = opts.max_frame;
@@ -327,12 +332,13 @@ async fn read_loop<H: Handler>(
                 let fut = CatchUnwind(Box::pin(handler.handle(conn, req)));
                 let outbound = outbound.clone();
                 let stats = stats.clone();
+                let opts = opts.clone();
                 tokio::spawn(async move {
                     let resp = fut.await.unwrap_or_else(|_| {
                         tracing::error!(request_id, "request handler panicked");
                         Response::error(ErrorCode::Internal, "request handler panicked")
                     });
-                    let _ = send_response(&outbound, request_id, resp, opts, &stats).await;
+                    let _ = send_response(&outbound, request_id, resp, &opts, &stats).await;
                     drop(permit);
                 });
             }
@@ -350,13 +356,22 @@ async fn read_loop<H: Handler>(
     }
 }
 
+/// What one listener's connections share.
+pub(crate) struct Shared {
+    pub cfg: ServerConfig,
+    /// Permits for cold read-ins ([`ServerConfig::max_cold_reads`]); `None`: unbounded.
+    pub cold_reads: Option<Arc<Semaphore>>,
+}
+
 /// How one connection's responses are queued.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct ResponseOpts {
     /// The frame size the handshake negotiated.
     pub max_frame: u32,
     /// [`ServerConfig::cold_regions_on_blocking_pool`].
     pub cold_on_pool: bool,
+    /// The listener's permits for cold read-ins.
+    pub cold_reads: Option<Arc<Semaphore>>,
 }
 
 /// Queues a response. A file body whose file is shorter than its region becomes `DATA_LOST`
@@ -368,7 +383,7 @@ pub(crate) async fn send_response(
     outbound: &Outbound,
     request_id: u32,
     resp: Response,
-    opts: ResponseOpts,
+    opts: &ResponseOpts,
     stats: &TransportStats,
 ) -> Result<(), TransportError> {
     let Response { mut message, mut body } = resp;
@@ -379,8 +394,21 @@ pub(crate) async fn send_response(
                 Some(false) if opts.cold_on_pool => {
                     TransportStats::add(&stats.file_regions_cold, 1);
                     TransportStats::add(&stats.file_regions_cold_bytes, region.len);
+                    // Waiting for a permit holds no thread; the read-in holds one.
+                    let _permit = match &opts.cold_reads {
+                        Some(s) => Some(s.acquire().await.expect("never closed")),
+                        None => None,
+                    };
+                    let reading = &stats.file_regions_cold_reading;
+                    TransportStats::add(reading, 1);
+                    TransportStats::max(
+                        &stats.file_regions_cold_reading_peak,
+                        reading.load(std::sync::atomic::Ordering::Relaxed),
+                    );
                     let r = region.clone();
-                    match tokio::task::spawn_blocking(move || r.populate()).await {
+                    let read_in = tokio::task::spawn_blocking(move || r.populate()).await;
+                    TransportStats::sub(reading, 1);
+                    match read_in {
                         Ok(Ok(())) => {}
                         // The writer reads it then, as it would have without this step.
                         Ok(Err(e)) => {

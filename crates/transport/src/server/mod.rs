@@ -132,10 +132,13 @@ pub async fn serve<H: Handler>(
         // already promised a larger window.
         socket2::SockRef::from(&listener).set_recv_buffer_size(n)?;
     }
-    let config = Arc::new(config);
+    // One bound on cold read-ins for all of this listener's connections.
+    let cold_reads =
+        (config.max_cold_reads > 0).then(|| Arc::new(Semaphore::new(config.max_cold_reads)));
+    let config = Arc::new(connection::Shared { cfg: config, cold_reads });
     // Bounds open connections: a tokio semaphore so the accept loop can await a free slot; each
     // connection task holds its permit until it ends.
-    let limit = Arc::new(Semaphore::new(config.max_connections));
+    let limit = Arc::new(Semaphore::new(config.cfg.max_connections));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut conns = JoinSet::new();
     let mut next_id = 0u64;
