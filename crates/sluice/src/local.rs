@@ -40,6 +40,10 @@ pub struct LocalArgs {
     /// Partitions read at once.
     #[arg(long, default_value_t = 4)]
     pub readers: usize,
+    /// Pushed but unacknowledged bytes per map attempt (suffixes allowed; default: the native
+    /// client's `max_inflight_bytes`).
+    #[arg(long, value_parser = parse_size)]
+    pub max_inflight: Option<u64>,
     /// Directory under which the servers' data directories are created (default: system temp).
     #[arg(long)]
     pub data_root: Option<std::path::PathBuf>,
@@ -83,10 +87,13 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
         server_sets: Vec::new(),
     })?;
     let app_id = format!("local-{}", std::process::id());
-    let opts = ClientOptions {
+    let mut opts = ClientOptions {
         coordinators: vec![cluster.coordinator.addr.to_string()],
         ..ClientOptions::default()
     };
+    if let Some(n) = args.max_inflight {
+        opts.max_inflight_bytes = usize::try_from(n).context("--max-inflight")?;
+    }
     let client = ShuffleClient::new(app_id, opts);
     cluster.wait_ready(&client).await?;
     // Resident memory of the servers before any data: the idle footprint.

@@ -1,5 +1,6 @@
-//! The few system calls tokio does not wrap: `sendfile`, `posix_fadvise`, `cachestat`, `pread`. Each returns `io::Result` (or `Option` where "unknown" is an answer) with
-//! the errno intact, so callers match on kinds and raw codes, never on text.
+//! The few system calls tokio does not wrap: `sendfile`, `posix_fadvise`, `cachestat`, `pread`.
+//! Each returns `io::Result` (or `Option` where "unknown" is an answer) with the errno intact, so
+//! callers match on kinds and raw codes, never on text.
 
 use std::fs::File;
 use std::io;
@@ -72,18 +73,6 @@ pub(crate) fn fadvise_willneed(file: &File, offset: u64, len: u64) {
     let _ = (file, offset, len);
 }
 
-/// The system's page size.
-#[cfg(target_os = "linux")]
-fn page_size() -> u64 {
-    // SAFETY: sysconf has no memory arguments.
-    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if n > 0 {
-        n as u64
-    } else {
-        4096
-    }
-}
-
 /// Whether every page of a region is in the page cache, by `cachestat(2)` (Linux 6.5+): one call
 /// that counts the cached pages of a range without mapping or reading it. `None` where the call
 /// is unavailable (older kernels, other systems).
@@ -125,7 +114,7 @@ pub(crate) fn region_cached(file: &File, offset: u64, len: u64) -> Option<bool> 
         if r != 0 {
             return None;
         }
-        let page = page_size();
+        let page = rustix::param::page_size() as u64;
         let pages = (offset + len - 1) / page - offset / page + 1;
         Some(stat.nr_cache >= pages)
     }

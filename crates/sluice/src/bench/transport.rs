@@ -225,23 +225,8 @@ async fn measure(
             let cpu0 = child.cpu()?;
             let t = Instant::now();
             let own0 = process_cpu_seconds();
-            let mut lanes = Vec::new();
-            for c in 0..args.connections as u64 {
-                // Connection `c` fetches chunks c, c+n, c+2n, … (n = connections).
-                let (n, pipeline, client_connection) =
-                    (args.connections as u64, args.pipeline, args.client_connection);
-                let count = total_chunks / n + u64::from(c < total_chunks % n);
-                lanes.push(tokio::spawn(async move {
-                    if client_connection {
-                        fetch_chunks(addr, count, chunks, chunk_bytes, pipeline, c, n).await
-                    } else {
-                        fetch_chunks_lean(addr, count, chunks, chunk_bytes, pipeline, c, n).await
-                    }
-                }));
-            }
-            for lane in lanes {
-                lane.await??;
-            }
+            fetch_pass(args, addr, total_chunks, chunks, chunk_bytes, args.client_connection)
+                .await?;
             let secs = t.elapsed().as_secs_f64();
             let cpu = child.cpu()? - cpu0;
             let own = (process_cpu_seconds() - own0) / secs;
@@ -435,13 +420,13 @@ async fn ping_loop(
     }
 }
 
-/// The `q` quantile of `v` (sorted in place).
-fn quantile(v: &mut [f64], q: f64) -> f64 {
+/// Median, 99th percentile and maximum of round trips (sorted in place).
+fn p50_p99_max(v: &mut [f64]) -> [f64; 3] {
     if v.is_empty() {
-        return f64::NAN;
+        return [f64::NAN; 3];
     }
     v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * q).round() as usize]
+    [0.5, 0.99, 1.0].map(|q| v[((v.len() - 1) as f64 * q).round() as usize])
 }
 
 async fn measure_cold(
@@ -460,30 +445,17 @@ async fn measure_cold(
             let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
             let pinger = tokio::spawn(ping_loop(addr, stop_rx));
             let t = Instant::now();
-            let n = args.connections as u64;
-            let lanes: Vec<_> = (0..n)
-                .map(|c| {
-                    let count = chunks / n + u64::from(c < chunks % n);
-                    let pipeline = args.pipeline;
-                    tokio::spawn(async move {
-                        fetch_chunks_lean(addr, count, chunks, chunk_bytes, pipeline, c, n).await
-                    })
-                })
-                .collect();
-            for lane in lanes {
-                lane.await??;
-            }
+            fetch_pass(args, addr, chunks, chunks, chunk_bytes, false).await?;
             let secs = t.elapsed().as_secs_f64();
             let _ = stop_tx.send(true);
             let mut r = pinger.await??;
             let gbps = file_bytes as f64 / 1e9 / secs;
+            let [_, p99, max] = p50_p99_max(&mut r);
             progress(
                 args,
                 &format!(
-                    "round {round}: cold file, {}: {gbps:.2} GB/s, ping p99 {:.2} ms, max {:.2} ms",
+                    "round {round}: cold file, {}: {gbps:.2} GB/s, ping p99 {p99:.2} ms, max {max:.2} ms",
                     if i == 0 { "read in on the blocking pool" } else { "left to sendfile" },
-                    quantile(&mut r, 0.99),
-                    quantile(&mut r, 1.0)
                 ),
             );
             best[i] = best[i].max(gbps);
@@ -502,18 +474,49 @@ async fn measure_cold(
         after = child.stats()?.zero_copy;
     }
     let [mut p, mut l] = rtts;
+    let ([p50, p99, pmax], [l50, l99, lmax]) = (p50_p99_max(&mut p), p50_p99_max(&mut l));
     Ok(ColdResults {
         pool_gbps: best[0],
-        pool_ping_p50_ms: quantile(&mut p, 0.5),
-        pool_ping_p99_ms: quantile(&mut p, 0.99),
-        pool_ping_max_ms: quantile(&mut p, 1.0),
+        pool_ping_p50_ms: p50,
+        pool_ping_p99_ms: p99,
+        pool_ping_max_ms: pmax,
         inline_gbps: best[1],
-        inline_ping_p50_ms: quantile(&mut l, 0.5),
-        inline_ping_p99_ms: quantile(&mut l, 0.99),
-        inline_ping_max_ms: quantile(&mut l, 1.0),
+        inline_ping_p50_ms: l50,
+        inline_ping_p99_ms: l99,
+        inline_ping_max_ms: lmax,
         pool_server_cold_regions: after.file_regions_cold - before.file_regions_cold,
         pool_server_sendfile_bytes: after.sendfile_bytes - before.sendfile_bytes,
     })
+}
+
+/// Fetches `total` chunks from `addr` over `--connections` connections, `--pipeline` in flight
+/// on each: connection `c` fetches chunks c, c+n, c+2n, … (n = connections). `client_connection`
+/// goes through `Connection` instead of the lean reader.
+async fn fetch_pass(
+    args: &Args,
+    addr: SocketAddr,
+    total: u64,
+    chunks: u64,
+    chunk_bytes: u64,
+    client_connection: bool,
+) -> anyhow::Result<()> {
+    let (n, pipeline) = (args.connections as u64, args.pipeline);
+    let lanes: Vec<_> = (0..n)
+        .map(|c| {
+            let count = total / n + u64::from(c < total % n);
+            tokio::spawn(async move {
+                if client_connection {
+                    fetch_chunks(addr, count, chunks, chunk_bytes, pipeline, c, n).await
+                } else {
+                    fetch_chunks_lean(addr, count, chunks, chunk_bytes, pipeline, c, n).await
+                }
+            })
+        })
+        .collect();
+    for lane in lanes {
+        lane.await??;
+    }
+    Ok(())
 }
 
 /// Fetches `total` chunks (cycling over the file) through one connection, `pipeline` at a time.

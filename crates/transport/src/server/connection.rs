@@ -4,6 +4,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -17,7 +18,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{watch, Semaphore};
 
 use super::{Admission, ConnInfo, Handler, Request, Response};
-use crate::body::Body;
+use crate::body::{Body, FileRegion};
 use crate::codec::FrameReader;
 use crate::config::ServerConfig;
 use crate::error::TransportError;
@@ -98,11 +99,7 @@ pub(super) async fn run<H: Handler>(
     tracing::debug!(app_id = ?conn.app_id, max_frame, "handshake done");
 
     let (outbound, mut writer) = Outbound::start(wr, WriterOptions::from(cfg), stats.clone());
-    let opts = ResponseOpts {
-        max_frame,
-        cold_on_pool: cfg.cold_regions_on_blocking_pool,
-        cold_reads: shared.cold_reads.clone(),
-    };
+    let opts = ResponseOpts { max_frame, shared: shared.clone() };
     let max_inflight = cfg.max_inflight_requests_per_connection;
     let inflight = Arc::new(Semaphore::new(max_inflight));
     let end = tokio::select! {
@@ -360,18 +357,15 @@ async fn read_loop<H: Handler>(
 pub(crate) struct Shared {
     pub cfg: ServerConfig,
     /// Permits for cold read-ins ([`ServerConfig::max_cold_reads`]); `None`: unbounded.
-    pub cold_reads: Option<Arc<Semaphore>>,
+    pub cold_reads: Option<Semaphore>,
 }
 
 /// How one connection's responses are queued.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct ResponseOpts {
     /// The frame size the handshake negotiated.
     pub max_frame: u32,
-    /// [`ServerConfig::cold_regions_on_blocking_pool`].
-    pub cold_on_pool: bool,
-    /// The listener's permits for cold read-ins.
-    pub cold_reads: Option<Arc<Semaphore>>,
+    pub shared: Arc<Shared>,
 }
 
 /// Queues a response. A file body whose file is shorter than its region becomes `DATA_LOST`
@@ -389,39 +383,7 @@ pub(crate) async fn send_response(
     let Response { mut message, mut body } = resp;
     if let Body::File(region) = &body {
         match region.check_len() {
-            Ok(()) => match region.is_cached() {
-                Some(true) => {}
-                Some(false) if opts.cold_on_pool => {
-                    TransportStats::add(&stats.file_regions_cold, 1);
-                    TransportStats::add(&stats.file_regions_cold_bytes, region.len);
-                    // Waiting for a permit holds no thread; the read-in holds one.
-                    let _permit = match &opts.cold_reads {
-                        Some(s) => Some(s.acquire().await.expect("never closed")),
-                        None => None,
-                    };
-                    let reading = &stats.file_regions_cold_reading;
-                    TransportStats::add(reading, 1);
-                    TransportStats::max(
-                        &stats.file_regions_cold_reading_peak,
-                        reading.load(std::sync::atomic::Ordering::Relaxed),
-                    );
-                    let r = region.clone();
-                    let read_in = tokio::task::spawn_blocking(move || r.populate()).await;
-                    TransportStats::sub(reading, 1);
-                    match read_in {
-                        Ok(Ok(())) => {}
-                        // The writer reads it then, as it would have without this step.
-                        Ok(Err(e)) => {
-                            tracing::debug!(request_id, error = %e, "reading a cold region in failed");
-                            region.will_need();
-                        }
-                        Err(e) => tracing::warn!(request_id, error = %e, "cold region task failed"),
-                    }
-                }
-                // Cold but left to the writer (the benchmark's baseline), or the kernel cannot
-                // say: queue read-ahead and let the writer find out.
-                Some(false) | None => region.will_need(),
-            },
+            Ok(()) => read_in_if_cold(region, request_id, &opts.shared, stats).await,
             Err(e) => {
                 tracing::warn!(request_id, error = %e, "file body truncated; answering DATA_LOST");
                 TransportStats::add(&stats.file_regions_truncated, 1);
@@ -438,6 +400,43 @@ pub(crate) async fn send_response(
         }
     };
     outbound.send(frame).await
+}
+
+/// Makes sure a file body's `sendfile` will not wait on the disk: a region `cachestat` finds not
+/// all cached is read in on the blocking pool (at most `max_cold_reads` at once; waiting for a
+/// permit holds no thread). Where that is off, fails, or the kernel cannot tell, read-ahead is
+/// queued and the writer finds out.
+async fn read_in_if_cold(
+    region: &FileRegion,
+    request_id: u32,
+    shared: &Shared,
+    stats: &TransportStats,
+) {
+    match region.is_cached() {
+        Some(true) => return,
+        Some(false) if shared.cfg.cold_regions_on_blocking_pool => {}
+        Some(false) | None => return region.will_need(),
+    }
+    TransportStats::add(&stats.file_regions_cold, 1);
+    TransportStats::add(&stats.file_regions_cold_bytes, region.len);
+    let _permit = match &shared.cold_reads {
+        Some(s) => Some(s.acquire().await.expect("never closed")),
+        None => None,
+    };
+    let reading = &stats.file_regions_cold_reading;
+    TransportStats::add(reading, 1);
+    TransportStats::max(&stats.file_regions_cold_reading_peak, reading.load(Relaxed));
+    let r = region.clone();
+    let read_in = tokio::task::spawn_blocking(move || r.populate()).await;
+    TransportStats::sub(reading, 1);
+    match read_in {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::debug!(request_id, error = %e, "reading a cold region in failed");
+            region.will_need();
+        }
+        Err(e) => tracing::warn!(request_id, error = %e, "cold region task failed"),
+    }
 }
 
 /// Turns a panic while polling the handler's future into an `Err`, so the requester still gets

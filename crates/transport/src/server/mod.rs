@@ -133,12 +133,11 @@ pub async fn serve<H: Handler>(
         socket2::SockRef::from(&listener).set_recv_buffer_size(n)?;
     }
     // One bound on cold read-ins for all of this listener's connections.
-    let cold_reads =
-        (config.max_cold_reads > 0).then(|| Arc::new(Semaphore::new(config.max_cold_reads)));
-    let config = Arc::new(connection::Shared { cfg: config, cold_reads });
+    let cold_reads = (config.max_cold_reads > 0).then(|| Semaphore::new(config.max_cold_reads));
+    let shared = Arc::new(connection::Shared { cfg: config, cold_reads });
     // Bounds open connections: a tokio semaphore so the accept loop can await a free slot; each
     // connection task holds its permit until it ends.
-    let limit = Arc::new(Semaphore::new(config.cfg.max_connections));
+    let limit = Arc::new(Semaphore::new(shared.cfg.max_connections));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut conns = JoinSet::new();
     let mut next_id = 0u64;
@@ -169,7 +168,7 @@ pub async fn serve<H: Handler>(
             next_id,
             peer,
             handler.clone(),
-            config.clone(),
+            shared.clone(),
             stats.clone(),
             stop_rx.clone(),
         );
