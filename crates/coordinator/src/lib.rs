@@ -66,6 +66,9 @@ pub struct ServerInfo {
     pub memory_budget_bytes: u64,
     pub free_memory_bytes: u64,
     pub free_disk_bytes: u64,
+    /// The last heartbeat reported no free disk above the server's reserve: its directories are
+    /// full or failed, so it takes no new partitions while another server has room.
+    pub disk_full: bool,
     pub partitions_held: u32,
     pub push_bytes_per_s: u64,
     /// Partitions assigned since its last heartbeat (not yet in `partitions_held`).
@@ -162,6 +165,11 @@ impl Coordinator {
                         s.memory_budget_bytes = h.memory_budget_bytes;
                         s.free_memory_bytes = h.free_memory_bytes;
                         s.free_disk_bytes = h.free_disk_bytes;
+                        if (h.free_disk_bytes == 0) != s.disk_full {
+                            tracing::warn!(server = %s.addr.server_id, full = !s.disk_full,
+                                "server's disk full state changed");
+                        }
+                        s.disk_full = h.free_disk_bytes == 0;
                         s.partitions_held = h.partitions_held;
                         s.push_bytes_per_s = h.push_bytes_per_s;
                         s.assigned_since_heartbeat = 0;
@@ -209,6 +217,7 @@ impl Coordinator {
                 memory_budget_bytes: 0,
                 free_memory_bytes: 0,
                 free_disk_bytes: 0,
+                disk_full: false,
                 partitions_held: 0,
                 push_bytes_per_s: 0,
                 assigned_since_heartbeat: 0,
@@ -240,6 +249,11 @@ impl Coordinator {
             v.servers.values().filter(|s| s.last_seen.elapsed() < timeout).cloned().collect();
         if live.is_empty() {
             return Err((ErrorCode::NoServers, "no live shuffle server is registered".into()));
+        }
+        // Servers with no disk left are skipped while another has room (with none, the servers
+        // refuse the pushes with a clear error).
+        if live.iter().any(|s| !s.disk_full) {
+            live.retain(|s| !s.disk_full);
         }
         live.sort_by(|a, b| a.addr.server_id.cmp(&b.addr.server_id));
         let locs = assign(&mut live, r.num_partitions, r.replication);
@@ -345,10 +359,25 @@ mod tests {
             memory_budget_bytes: 100,
             free_memory_bytes: free,
             free_disk_bytes: 1 << 40,
+            disk_full: false,
             partitions_held: held,
             push_bytes_per_s: 0,
             assigned_since_heartbeat: 0,
         }
+    }
+
+    /// A heartbeat of server `id` (memory budget 10, all free).
+    fn beat(c: &Coordinator, id: &str, port: u16, free_disk_bytes: u64) {
+        let h = ServerHeartbeat {
+            server_id: id.into(),
+            host: "h".into(),
+            port,
+            memory_budget_bytes: 10,
+            free_memory_bytes: 10,
+            free_disk_bytes,
+            ..Default::default()
+        };
+        assert!(matches!(c.handle(h.into()), Message::Ok(_)));
     }
 
     #[test]
@@ -387,17 +416,7 @@ mod tests {
             m => panic!("{m:?}"),
         }
         for (id, port) in [("s1", 1), ("s2", 2)] {
-            c.handle(
-                ServerHeartbeat {
-                    server_id: id.into(),
-                    host: "h".into(),
-                    port,
-                    memory_budget_bytes: 10,
-                    free_memory_bytes: 10,
-                    ..Default::default()
-                }
-                .into(),
-            );
+            beat(&c, id, port, 1 << 30);
         }
         let a1 = c.handle(reg.clone().into());
         let a2 = c.handle(reg.into());
@@ -405,5 +424,35 @@ mod tests {
         let Message::Assignment(a) = a1 else { panic!() };
         assert_eq!(a.servers.len(), 2);
         assert_eq!(a.partitions.len(), 4);
+    }
+
+    #[test]
+    fn a_server_with_a_full_disk_gets_no_partitions_while_another_has_room() {
+        let c = Coordinator::new(CoordinatorConfig::default()).unwrap();
+        let beat = |id, port, free_disk_bytes| beat(&c, id, port, free_disk_bytes);
+        let servers_of = |shuffle_id| {
+            let reg = RegisterShuffle {
+                app_id: "a".into(),
+                shuffle_id,
+                num_maps: 1,
+                num_partitions: 8,
+                replication: 1,
+            };
+            let Message::Assignment(a) = c.handle(reg.into()) else { panic!() };
+            let mut v: Vec<String> = a.servers.iter().map(|s| s.server_id.clone()).collect();
+            v.sort();
+            v
+        };
+        beat("full", 1, 0);
+        beat("roomy", 2, 1 << 30);
+        assert_eq!(servers_of(1), ["roomy"]);
+        // Space freed: back in the rotation (both heartbeat, so neither has partitions promised).
+        beat("full", 1, 1 << 30);
+        beat("roomy", 2, 1 << 30);
+        assert_eq!(servers_of(2), ["full", "roomy"]);
+        // All full: the assignment still goes out (the servers refuse pushes with a clear error).
+        beat("full", 1, 0);
+        beat("roomy", 2, 0);
+        assert_eq!(servers_of(3), ["full", "roomy"]);
     }
 }

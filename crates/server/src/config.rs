@@ -38,6 +38,9 @@ pub struct ServerConfig {
     /// the servers, but starved the flushers of `sluice local` (push 1.2 → 0.3–0.5 GB/s,
     /// thousands of `Busy` replies), so the default is 0.
     pub flusher_nice: i32,
+    /// Free bytes left on each data directory's file system, in bytes: below it the directory
+    /// takes no new data (its recycle pool is given back first) until space is freed.
+    pub data_dir_reserve_bytes: u64,
     /// Bytes of deleted shuffles' files each data directory keeps for reuse by new partition
     /// files (0: delete them). Writing over a file's cached pages skips allocating new ones.
     pub recycle_bytes_per_dir: u64,
@@ -66,6 +69,7 @@ impl Default for ServerConfig {
             chunk_bytes: 4 << 20,
             flushers_per_dir: 2,
             flusher_nice: 0,
+            data_dir_reserve_bytes: 256 << 20,
             recycle_bytes_per_dir: 2 << 30,
             app_expiry_ms: 120_000,
             coordinators: Vec::new(),

@@ -7,17 +7,40 @@
 //! only when no directory is left is the partition marked lost, so readers get `DATA_LOST`
 //! instead of silently missing data.
 //!
+//! `ENOSPC` is not a broken directory: the directory's recycle pool is deleted and the write
+//! tried again; if the pool was empty, the directory is marked full (see `storage`) and the job
+//! goes to another directory, or, with none left, waits up to [`FULL_WAIT`] for space to be
+//! freed (its memory stays reserved meanwhile, so pushers get `Busy`) before the partition is
+//! marked lost.
+//!
 //! Chunks start at 4 KiB-aligned offsets and each write is padded with zeros to a whole page, so
 //! writing into a recycled file (see `storage`) never has the kernel read a partial page first.
 
 use std::io::IoSlice;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::shuffle::{Buffered, Chunk, OpenFile, Partition, Shuffle};
-use crate::storage::{create_file, Storage};
+use crate::storage::{create_file, DataDir, Storage};
+
+/// How long a chunk that no directory has room for waits for space before its partition is
+/// marked lost.
+pub const FULL_WAIT: Duration = Duration::from_secs(10);
+
+/// Takes a directory whose write or create failed with `e` out of use: full (for a while) on
+/// `ENOSPC`, out of service on anything else. Returns whether it was a full disk.
+fn note_failure(dir: &DataDir, e: &std::io::Error) -> bool {
+    if e.raw_os_error() == Some(rustix::io::Errno::NOSPC.raw_os_error()) {
+        dir.mark_full(e);
+        true
+    } else {
+        dir.fail(e);
+        false
+    }
+}
 
 /// Chunks start at multiples of this (the page size).
 pub const CHUNK_ALIGN: u64 = 4096;
@@ -141,7 +164,7 @@ fn open_next_file(
 ) -> std::io::Result<OpenFile> {
     loop {
         let Some(dir) = storage.choose(avoid) else {
-            return Err(std::io::Error::other("all data directories are out of service"));
+            return Err(std::io::Error::other(storage.unavailable_reason()));
         };
         let path = shuffle.file_path(&dir, partition_id, p.files_created);
         let opened = match dir.take_recycled(&path) {
@@ -156,7 +179,9 @@ fn open_next_file(
                 p.next_offset = 0;
                 return Ok(f);
             }
-            Err(e) => dir.fail(&e),
+            Err(e) => {
+                note_failure(&dir, &e);
+            }
         }
     }
 }
@@ -187,31 +212,21 @@ fn run_job(storage: &Storage, mut job: FlushJob) {
                 break;
             }
             Err(e) => {
-                job.target.dir.fail(&e);
-                let mut p = shuffle.partitions[job.partition as usize].lock();
-                let retry = match &p.file {
-                    Some(f) if !f.dir.is_failed() => Ok(f.clone()),
-                    _ => open_next_file(
-                        storage,
-                        &shuffle,
-                        job.partition,
-                        &mut p,
-                        Some(job.target.dir.index),
-                    ),
-                };
-                match retry {
-                    Ok(f) => {
-                        job.offset = p.next_offset;
-                        p.next_offset += padded_len(job.data.bytes);
-                        job.target = f;
+                let nospc = e.raw_os_error() == Some(rustix::io::Errno::NOSPC.raw_os_error());
+                // A full disk gives back its recycled files first; then the same write again.
+                if nospc && job.target.dir.drain_pool() > 0 {
+                    continue;
+                }
+                let full = note_failure(&job.target.dir, &e);
+                if let Err(e2) = relocate(storage, &shuffle, &mut job, full) {
+                    if shuffle.deleted.load(Ordering::Acquire) {
+                        break; // deleted while waiting for space: nothing to keep
                     }
-                    Err(e2) => {
-                        let msg = format!("flush failed ({e}) and no directory is left ({e2})");
-                        tracing::error!(app = %shuffle.app_id, shuffle = shuffle.shuffle_id,
-                            partition = job.partition, bytes = job.data.bytes, "{msg}");
-                        p.lost.get_or_insert(msg);
-                        break;
-                    }
+                    let msg = format!("flush failed ({e}) and no directory is left ({e2})");
+                    tracing::error!(app = %shuffle.app_id, shuffle = shuffle.shuffle_id,
+                        partition = job.partition, bytes = job.data.bytes, "{msg}");
+                    shuffle.partitions[job.partition as usize].lock().lost.get_or_insert(msg);
+                    break;
                 }
             }
         }
@@ -220,6 +235,50 @@ fn run_job(storage: &Storage, mut job: FlushJob) {
     drop(job);
     if shuffle.inflight_flushes.fetch_sub(1, Ordering::AcqRel) == 1 {
         shuffle.flushed.notify_waiters();
+    }
+}
+
+/// Points a job whose write failed at the partition's next file (a new offset in it). After a
+/// full disk with no other directory to go to, waits for one to have room until [`FULL_WAIT`]
+/// after the directory filled up, re-reading free space; the partition lock is not held while
+/// waiting.
+fn relocate(
+    storage: &Storage,
+    shuffle: &Shuffle,
+    job: &mut FlushJob,
+    full: bool,
+) -> std::io::Result<()> {
+    // The wait counts from when the directory filled up, so the jobs queued behind this one
+    // do not each wait anew.
+    let deadline = match job.target.dir.full_since() {
+        Some(since) if full => since + FULL_WAIT,
+        _ => Instant::now(),
+    };
+    let mut avoid = Some(job.target.dir.index);
+    loop {
+        {
+            let mut p = shuffle.partitions[job.partition as usize].lock();
+            let next = match &p.file {
+                Some(f) if f.dir.in_service() => Ok(f.clone()),
+                _ => open_next_file(storage, shuffle, job.partition, &mut p, avoid),
+            };
+            match next {
+                Ok(f) => {
+                    job.offset = p.next_offset;
+                    p.next_offset += padded_len(job.data.bytes);
+                    job.target = f;
+                    return Ok(());
+                }
+                Err(e) if Instant::now() >= deadline || shuffle.deleted.load(Ordering::Acquire) => {
+                    return Err(e);
+                }
+                Err(_) => {}
+            }
+        }
+        // The directory that was full may take data again once space is freed.
+        avoid = None;
+        std::thread::sleep(Duration::from_millis(250));
+        storage.refresh();
     }
 }
 
@@ -273,7 +332,7 @@ mod tests {
     #[test]
     fn flusher_threads_run_below_the_servers_priority() {
         let dir = tempfile::tempdir().unwrap();
-        let storage = Arc::new(Storage::open(&[dir.path().to_path_buf()], 0));
+        let storage = Arc::new(Storage::open(&[dir.path().to_path_buf()], 0, 0));
         let _f = Flushers::start(storage, 1, 7, Arc::new(|_| {}));
         let me = rustix::process::getpriority_process(None).unwrap();
         let want = (me + 7).min(19);

@@ -133,6 +133,8 @@ impl Server {
             ("sluice_server_cold_region_bytes_total", t.file_regions_cold_bytes),
             ("sluice_server_recycled_files_reused_total", state.storage.reused_files()),
             ("sluice_server_recycle_pool_bytes", state.storage.pooled_bytes()),
+            ("sluice_server_data_dirs_full", state.storage.count(|d| d.is_full())),
+            ("sluice_server_data_dirs_failed", state.storage.count(|d| d.is_failed())),
         ])
     }
 }
@@ -171,6 +173,7 @@ async fn maintenance(state: Arc<ServerState>) {
             }
             state.expire_apps();
             state.expire_streams();
+            state.storage.refresh();
         }
     }
 }

@@ -69,7 +69,11 @@ impl ServerState {
             config.busy_watermark,
             config.resume_watermark,
         );
-        let storage = Arc::new(Storage::open(&config.data_dirs, config.recycle_bytes_per_dir));
+        let storage = Arc::new(Storage::open(
+            &config.data_dirs,
+            config.data_dir_reserve_bytes,
+            config.recycle_bytes_per_dir,
+        ));
         let stats = Arc::new(Stats::default());
         let flushing_bytes = Arc::new(AtomicU64::new(0));
         let on_done = {
@@ -144,10 +148,7 @@ impl ServerState {
             )));
         }
         if !self.storage.has_healthy() {
-            return Err(to_msg((
-                ErrorCode::StorageUnavailable,
-                "every data directory is out of service".into(),
-            )));
+            return Err(to_msg((ErrorCode::StorageUnavailable, self.storage.unavailable_reason())));
         }
         match self.budget.try_reserve(footprint) {
             Some(reservation) => Ok(Admitted { reservation, shuffle }),

@@ -1,5 +1,12 @@
-//! Data directories: choice by free space, taking a failing directory out of service, and the
-//! pool of recycled files.
+//! Data directories: choice by free space, taking a failing directory out of service, a full
+//! one out of use until space returns, and the pool of recycled files.
+//!
+//! **Full file systems.** A directory whose file system has less than `reserve` bytes free, or
+//! that answered a write with `ENOSPC`, is *full*: no new data goes there until the maintenance
+//! tick ([`Storage::refresh`]) sees free space above the reserve again (a deleted shuffle, an
+//! operator's clean-up). The recycle pool is the first thing given back: a full directory drains
+//! its pool before it stops taking data. Unlike a failed directory, a full one keeps serving
+//! what it holds.
 //!
 //! **Recycling.** When a shuffle is deleted, its partition files are not unlinked but moved to the
 //! directory's `.recycle/` pool (up to `recycle_bytes_per_dir`), and a new partition file is taken
@@ -20,6 +27,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use parking_lot::Mutex;
 
@@ -37,6 +45,10 @@ impl Pool {
     }
 }
 
+/// Free bytes a full directory needs before it takes data again, whatever the reserve (with no
+/// reserve, a few free pages would only bring the next `ENOSPC`).
+const MIN_FREE_TO_RESUME: u64 = 16 << 20;
+
 /// Name of the pool directory inside each data directory.
 pub const RECYCLE_DIR: &str = ".recycle";
 
@@ -47,6 +59,12 @@ pub struct DataDir {
     pub index: usize,
     pub path: PathBuf,
     failed: AtomicBool,
+    /// No new data until free space is back above `reserve` (see the module's notes).
+    full: AtomicBool,
+    /// When the directory was last marked full.
+    full_since: Mutex<Option<Instant>>,
+    /// Free bytes the server leaves on the file system.
+    reserve: u64,
     recycle_cap: u64,
     pool: Mutex<Pool>,
     next_pooled: AtomicU64,
@@ -68,6 +86,73 @@ impl DataDir {
         }
     }
 
+    /// Whether the directory's file system is (was last seen) full.
+    pub fn is_full(&self) -> bool {
+        self.full.load(Ordering::Acquire)
+    }
+
+    /// Whether new data may go here: neither failed nor full.
+    pub fn in_service(&self) -> bool {
+        !self.is_failed() && !self.is_full()
+    }
+
+    /// Stops new data going here until [`DataDir::refresh`] sees free space again (logged once
+    /// per spell).
+    pub fn mark_full(&self, why: &dyn std::fmt::Display) {
+        if !self.full.swap(true, Ordering::AcqRel) {
+            *self.full_since.lock() = Some(Instant::now());
+            tracing::warn!(dir = %self.path.display(), reason = %why, reserve = self.reserve,
+                "data directory full; no new data goes there until space is freed");
+        }
+    }
+
+    /// Since when the directory has been full (`None`: it is not).
+    pub fn full_since(&self) -> Option<Instant> {
+        self.full_since.lock().filter(|_| self.is_full())
+    }
+
+    /// Re-reads the free space: below the reserve, the pool is drained and, if that is not
+    /// enough, the directory is marked full; at or above it, a full directory is back in use.
+    pub fn refresh(&self) {
+        if self.is_failed() {
+            return;
+        }
+        let mut free = self.free_bytes();
+        if free < self.reserve && self.drain_pool() > 0 {
+            free = self.free_bytes();
+        }
+        if free < self.reserve {
+            self.mark_full(&format_args!("{free} bytes free"));
+        } else if free >= self.reserve.max(MIN_FREE_TO_RESUME)
+            && self.full.swap(false, Ordering::AcqRel)
+        {
+            tracing::info!(dir = %self.path.display(), free,
+                "data directory has free space again; back in use");
+        }
+    }
+
+    /// Deletes the pooled files that nobody holds open; returns the bytes given back.
+    pub fn drain_pool(&self) -> u64 {
+        let mut pool = self.pool.lock();
+        let mut freed = 0;
+        pool.files.retain(|(f, path, len)| {
+            if Arc::strong_count(f) > 1 {
+                return true;
+            }
+            match std::fs::remove_file(path) {
+                Ok(()) => freed += len,
+                Err(e) => tracing::warn!(path = %path.display(), error = %e,
+                    "cannot delete a recycled file"),
+            }
+            false
+        });
+        if freed > 0 {
+            tracing::info!(dir = %self.path.display(), bytes = freed,
+                "recycle pool drained to free space");
+        }
+        freed
+    }
+
     /// Free bytes on the directory's file system (0 when it cannot be read).
     pub fn free_bytes(&self) -> u64 {
         rustix::fs::statvfs(&self.path).map(|s| s.f_bavail.saturating_mul(s.f_frsize)).unwrap_or(0)
@@ -81,7 +166,7 @@ impl DataDir {
     /// Offers a deleted shuffle's file (at `path`, open as `file`) to the pool. Returns whether it
     /// was kept; if not, the caller deletes it with the rest of the shuffle's directory.
     pub fn recycle(&self, file: Arc<File>, path: &Path) -> bool {
-        if self.recycle_cap == 0 || self.is_failed() {
+        if self.recycle_cap == 0 || !self.in_service() {
             return false;
         }
         let Ok(len) = file.metadata().map(|m| m.len()) else { return false };
@@ -89,10 +174,11 @@ impl DataDir {
             return false;
         }
         let mut pool = self.pool.lock();
-        // The pool never holds more than its cap, nor more than half the free space: space it
-        // holds is not free for partitions larger than the files in it. The newest file is the
-        // one whose pages are likeliest to be cached, so older files nobody holds make room.
-        let limit = self.recycle_cap.min(self.free_bytes() / 2);
+        // The pool never holds more than its cap, nor more than half the free space above the
+        // reserve: space it holds is not free for partitions larger than the files in it. The
+        // newest file is the one whose pages are likeliest to be cached, so older files nobody
+        // holds make room.
+        let limit = self.recycle_cap.min(self.free_bytes().saturating_sub(self.reserve) / 2);
         if len > limit {
             return false;
         }
@@ -159,8 +245,9 @@ pub struct Storage {
 impl Storage {
     /// Creates (if needed) and probes every directory; a directory that cannot be written is
     /// taken out of service right away.
-    /// Leftover recycled files of an earlier process are deleted.
-    pub fn open(paths: &[PathBuf], recycle_bytes_per_dir: u64) -> Storage {
+    /// Leftover recycled files of an earlier process are deleted. Each directory leaves
+    /// `reserve_bytes` free on its file system.
+    pub fn open(paths: &[PathBuf], reserve_bytes: u64, recycle_bytes_per_dir: u64) -> Storage {
         let dirs = paths
             .iter()
             .enumerate()
@@ -169,6 +256,9 @@ impl Storage {
                     index,
                     path: p.clone(),
                     failed: AtomicBool::new(false),
+                    full: AtomicBool::new(false),
+                    full_since: Mutex::new(None),
+                    reserve: reserve_bytes,
                     recycle_cap: recycle_bytes_per_dir,
                     pool: Mutex::new(Pool::default()),
                     next_pooled: AtomicU64::new(0),
@@ -183,6 +273,7 @@ impl Storage {
                 if let Err(e) = probe(p) {
                     d.fail(&e);
                 }
+                d.refresh();
                 d
             })
             .collect();
@@ -194,23 +285,62 @@ impl Storage {
         &self.dirs
     }
 
-    /// The healthy directory with the most free space, skipping `avoid`.
+    /// The directory in service with the most free space, skipping `avoid`.
     pub fn choose(&self, avoid: Option<usize>) -> Option<Arc<DataDir>> {
         self.dirs
             .iter()
-            .filter(|d| !d.is_failed() && Some(d.index) != avoid)
+            .filter(|d| d.in_service() && Some(d.index) != avoid)
             .max_by_key(|d| d.free_bytes())
             .cloned()
     }
 
-    /// Whether any directory is still in service (no syscall: cheap enough for every push).
+    /// Whether new data can go anywhere (no syscall: cheap enough for every push).
     pub fn has_healthy(&self) -> bool {
-        self.dirs.iter().any(|d| !d.is_failed())
+        self.dirs.iter().any(|d| d.in_service())
     }
 
-    /// Free bytes over healthy directories.
+    /// Why no data can be taken (for the error a refused push gets): which directories are
+    /// full and which failed.
+    pub fn unavailable_reason(&self) -> String {
+        let list = |pick: &dyn Fn(&DataDir) -> bool| {
+            let v: Vec<String> = self
+                .dirs
+                .iter()
+                .filter(|d| pick(d))
+                .map(|d| d.path.display().to_string())
+                .collect();
+            v.join(", ")
+        };
+        let failed = list(&|d| d.is_failed());
+        let full = list(&|d| !d.is_failed() && d.is_full());
+        match (failed.is_empty(), full.is_empty()) {
+            (_, true) => format!("every data directory is out of service (failed: {failed})"),
+            (true, false) => format!("every data directory is full ({full})"),
+            (false, false) => format!(
+                "every data directory is full or out of service (full: {full}; failed: {failed})"
+            ),
+        }
+    }
+
+    /// Directories for which `pick` holds.
+    pub fn count(&self, pick: impl Fn(&DataDir) -> bool) -> u64 {
+        self.dirs.iter().filter(|d| pick(d)).count() as u64
+    }
+
+    /// Re-reads every directory's free space (see [`DataDir::refresh`]).
+    pub fn refresh(&self) {
+        for d in &self.dirs {
+            d.refresh();
+        }
+    }
+
+    /// Free bytes above the reserve over the directories in service (what coordinators are told).
     pub fn free_bytes(&self) -> u64 {
-        self.dirs.iter().filter(|d| !d.is_failed()).map(|d| d.free_bytes()).sum()
+        self.dirs
+            .iter()
+            .filter(|d| d.in_service())
+            .map(|d| d.free_bytes().saturating_sub(d.reserve))
+            .sum()
     }
 
     /// Capacity over healthy directories.
@@ -258,7 +388,7 @@ mod tests {
     #[test]
     fn pooled_files_go_out_only_when_nobody_holds_them_and_within_the_cap() {
         let tmp = tempfile::tempdir().unwrap();
-        let storage = Storage::open(&[tmp.path().to_path_buf()], 10_000);
+        let storage = Storage::open(&[tmp.path().to_path_buf()], 0, 10_000);
         let dir = &storage.dirs()[0];
         let [(a, pa), (b, pb), (c, pc)] = ["a", "b", "c"].map(|n| file_with(tmp.path(), n, 4000));
         let reader_of_a = a.clone(); // an open stream still sending from `a`
@@ -285,7 +415,7 @@ mod tests {
     #[test]
     fn a_full_pool_makes_room_by_dropping_its_oldest_free_file() {
         let tmp = tempfile::tempdir().unwrap();
-        let storage = Storage::open(&[tmp.path().to_path_buf()], 10_000);
+        let storage = Storage::open(&[tmp.path().to_path_buf()], 0, 10_000);
         let dir = &storage.dirs()[0];
         let [(a, pa), (b, pb), (c, pc)] = ["a", "b", "c"].map(|n| file_with(tmp.path(), n, 4000));
         assert!(dir.recycle(a, &pa));
@@ -300,9 +430,46 @@ mod tests {
     }
 
     #[test]
+    fn a_full_dir_takes_no_data_gives_back_its_pool_and_returns_when_space_is_free() {
+        let tmp = tempfile::tempdir().unwrap();
+        let storage = Storage::open(&[tmp.path().to_path_buf()], 0, 10_000);
+        let dir = &storage.dirs()[0];
+        let [(a, pa), (b, pb)] = ["a", "b"].map(|n| file_with(tmp.path(), n, 4000));
+        let held_b = b.clone();
+        assert!(dir.recycle(a, &pa) && dir.recycle(b, &pb));
+        assert_eq!(dir.drain_pool(), 4000, "a is deleted, b is still open elsewhere");
+        assert_eq!(dir.pooled_bytes(), 4000);
+        drop(held_b);
+
+        dir.mark_full(&"test");
+        assert!(!dir.in_service() && !dir.is_failed() && dir.full_since().is_some());
+        assert!(!storage.has_healthy() && storage.choose(None).is_none());
+        assert_eq!(storage.free_bytes(), 0, "coordinators are told there is no room");
+        assert!(storage.unavailable_reason().contains("every data directory is full"));
+        let (c, pc) = file_with(tmp.path(), "c", 4000);
+        assert!(!dir.recycle(c, &pc), "a full directory keeps no files");
+
+        // This file system has room above the (zero) reserve: back in use.
+        storage.refresh();
+        assert!(dir.in_service() && dir.full_since().is_none());
+        assert!(storage.choose(None).is_some());
+        assert_eq!(dir.pooled_bytes(), 4000, "the pool is only drained below the reserve");
+    }
+
+    #[test]
+    fn a_reserve_above_the_free_space_marks_the_dir_full_at_start() {
+        let tmp = tempfile::tempdir().unwrap();
+        let storage = Storage::open(&[tmp.path().to_path_buf()], u64::MAX, 10_000);
+        assert!(storage.dirs()[0].is_full());
+        assert!(!storage.has_healthy());
+        storage.refresh();
+        assert!(storage.dirs()[0].is_full(), "still below the reserve");
+    }
+
+    #[test]
     fn a_zero_cap_keeps_nothing() {
         let tmp = tempfile::tempdir().unwrap();
-        let storage = Storage::open(&[tmp.path().to_path_buf()], 0);
+        let storage = Storage::open(&[tmp.path().to_path_buf()], 0, 0);
         let (a, pa) = file_with(tmp.path(), "a", 100);
         assert!(!storage.dirs()[0].recycle(a, &pa));
         assert!(pa.exists(), "left for the caller to delete");
