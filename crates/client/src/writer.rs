@@ -87,8 +87,20 @@ impl ShuffleWriter {
 
     /// Appends one record (`u32` length + bytes) to a partition.
     pub async fn write_record(&mut self, partition: u32, record: &[u8]) -> Result<(), ClientError> {
+        self.write_record_parts(partition, &[record]).await
+    }
+
+    /// Appends one record made of several slices (a key and a value, say), copied once each
+    /// straight into the batch: the caller never assembles the record in a buffer of its own.
+    /// The reader sees one record, the slices' concatenation.
+    pub async fn write_record_parts(
+        &mut self,
+        partition: u32,
+        parts: &[&[u8]],
+    ) -> Result<(), ClientError> {
         let p = partition as usize;
-        let need = 4 + record.len();
+        let len: usize = parts.iter().map(|s| s.len()).sum();
+        let need = 4 + len;
         // A record that does not fit the open batch's buffer closes the batch first: growing
         // the buffer would copy the whole batch into a new allocation twice its size.
         let open = &self.open[p];
@@ -102,8 +114,10 @@ impl ShuffleWriter {
             buf.reserve(BATCH_HEADER_LEN + self.client.inner.opts.batch_bytes + need);
             buf.put_bytes(0, BATCH_HEADER_LEN);
         }
-        buf.put_u32(record.len() as u32);
-        buf.put_slice(record);
+        buf.put_u32(len as u32);
+        for part in parts {
+            buf.put_slice(part);
+        }
         if buf.len() >= self.client.inner.opts.batch_bytes {
             self.seal(p).await?;
         }

@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use sluice_client::{ClientOptions, ShuffleClient};
 
-use crate::cluster::{Cluster, ClusterSpec};
+use crate::cluster::{cpu_seconds, Cluster, ClusterSpec};
 use crate::workload::{expected_tally, map_runs, mismatches, read_all, run_map, secs, Tally};
 
 /// `sluice local` flags.
@@ -115,8 +115,16 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
     .context("tally task panicked")?;
     let tally_s = secs(t);
 
+    // CPU seconds of this process (the maps and reducers) and of the servers, so each phase's
+    // cost can be split between client and servers.
+    let cpu = || {
+        let servers: f64 = cluster.servers.iter().map(|s| cpu_seconds(s.pid())).sum();
+        (cpu_seconds(std::process::id()), servers)
+    };
+
     // Map stage.
     let push_bar = bar(args.bytes + bytes_per_map * 3 / 2, "push", args.json);
+    let cpu_before_push = cpu();
     let t = Instant::now();
     let mut tasks = Vec::new();
     for m in 0..args.maps {
@@ -146,15 +154,25 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
         pushed += t.await.context("map task panicked")??;
     }
     let push_s = secs(t);
+    let cpu_push = cpu();
     push_bar.finish_and_clear();
     let sizes = client.commit_shuffle(&a).await?;
 
     // Reduce stage.
     let got = Tally::new(args.partitions);
     let fetch_bar = bar(sizes.iter().sum(), "fetch", args.json);
+    let cpu_before_fetch = cpu();
     let t = Instant::now();
     let fetched = read_all(&client, &a, args.maps, args.readers, &got, &fetch_bar).await?;
     let fetch_s = secs(t);
+    let cpu_fetch = cpu();
+    let per_gb = |before: (f64, f64), after: (f64, f64), bytes: u64| {
+        let gb = bytes as f64 / 1e9;
+        json!({
+            "client": (after.0 - before.0) / gb,
+            "servers": (after.1 - before.1) / gb,
+        })
+    };
     fetch_bar.finish_and_clear();
     let bad = mismatches(&expect, &got);
     let verified = bad.is_empty();
@@ -178,6 +196,8 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
         "fetch_seconds": fetch_s,
         "push_gbps": pushed as f64 / push_s / 1e9,
         "fetch_gbps": fetched as f64 / fetch_s / 1e9,
+        "push_cpu_s_per_gb": per_gb(cpu_before_push, cpu_push, pushed),
+        "fetch_cpu_s_per_gb": per_gb(cpu_before_fetch, cpu_fetch, fetched),
         "server_peak_rss_bytes": peak_rss,
         "server_idle_rss_bytes": idle_rss,
         "busy_replies": busy,
@@ -206,6 +226,14 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
             "  fetched     {:>10.1} MiB  {:>6.2} GB/s",
             mib(fetched),
             summary["fetch_gbps"].as_f64().unwrap_or(0.0)
+        );
+        let cpu = |phase: &str, who: &str| summary[phase][who].as_f64().unwrap_or(0.0);
+        println!(
+            "  CPU s per GB: push {:.2} client + {:.2} servers; fetch {:.2} client + {:.2} servers",
+            cpu("push_cpu_s_per_gb", "client"),
+            cpu("push_cpu_s_per_gb", "servers"),
+            cpu("fetch_cpu_s_per_gb", "client"),
+            cpu("fetch_cpu_s_per_gb", "servers"),
         );
         println!(
             "  server peak resident {:.1} MiB (memory budget {:.1} MiB; idle {:.1} MiB)",

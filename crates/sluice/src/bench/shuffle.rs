@@ -9,7 +9,7 @@ use serde_json::json;
 use sluice_client::ShuffleClient;
 use sluice_proto::message::Assignment;
 
-use crate::cluster::{Child, Cluster, ClusterSpec};
+use crate::cluster::{cpu_seconds, Child, Cluster, ClusterSpec};
 use crate::local::{client_for, parse_size};
 use crate::workload::secs;
 
@@ -37,17 +37,6 @@ pub struct ShuffleBenchArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
-}
-
-/// CPU seconds (user + system) a process has used, from /proc/<pid>/stat.
-pub fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
-    // Fields after the parenthesised command name; utime and stime are the 14th and 15th.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    let hz = rustix::param::clock_ticks_per_second() as f64;
-    (ticks(11) + ticks(12)) / hz
 }
 
 fn payload(bytes: usize) -> Vec<u8> {
