@@ -48,11 +48,16 @@ fn bench_transport_reports_each_path_it_measured() {
         "copy_gbps",
         "raw_sendfile_gbps",
         "raw_copy_gbps",
+        "zero_copy_client_cpu_s_per_gb",
+        "copy_client_cpu_s_per_gb",
+        "raw_sendfile_client_cpu_s_per_gb",
+        "raw_copy_client_cpu_s_per_gb",
         "batched_msgs_per_s",
         "unbatched_msgs_per_s",
     ] {
         assert!(n(k) > 0.0 && n(k).is_finite(), "{k} in {j}");
     }
+    assert!(n("zero_copy_server_cold_regions") >= 0.0, "{j}");
     // Cold: the pool server sent the pass with sendfile and found regions to read in first.
     let cold = |k: &str| j["cold"][k].as_f64().unwrap_or_else(|| panic!("no cold.{k} in {j}"));
     assert_eq!(cold("pool_server_sendfile_bytes"), file, "{j}");
