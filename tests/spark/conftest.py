@@ -453,7 +453,8 @@ def start_app(name, conf, events_dir):
     if SparkContext._jvm is not None:
         system = SparkContext._jvm.System
         for key in list(system.getProperties().stringPropertyNames()):
-            if key.startswith("spark.sluice.") or key == "spark.shuffle.manager":
+            if key.startswith(("spark.sluice.", "spark.dynamicAllocation.")) or key in (
+                    "spark.shuffle.manager", "spark.shuffle.sort.io.plugin.class"):
                 system.clearProperty(key)
     builder = SparkSession.builder.appName(name)
     for k, v in conf.items():

@@ -53,6 +53,13 @@ public abstract class SluiceShuffleManagerBase implements ShuffleManager {
     }
     LOG.info("Sluice shuffle manager ({}) using coordinators {}",
         isDriver ? "driver" : "executor", conf.client().coordinators());
+    if (isDriver && sparkConf.getBoolean("spark.dynamicAllocation.enabled", false)
+        && !SluiceShuffleDataIO.class.getName().equals(
+            sparkConf.get("spark.shuffle.sort.io.plugin.class", ""))) {
+      LOG.warn("Dynamic allocation is on: set spark.shuffle.sort.io.plugin.class={} so Spark "
+          + "knows shuffle data lives on the Sluice servers and releases idle executors without "
+          + "shuffle tracking", SluiceShuffleDataIO.class.getName());
+    }
     if (!isDriver && conf.executorWarmUp()) {
       Thread t = new Thread(this::warmUp, "sluice-warm-up");
       t.setDaemon(true);
