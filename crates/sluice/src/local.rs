@@ -44,6 +44,10 @@ pub struct LocalArgs {
     /// client's `max_inflight_bytes`).
     #[arg(long, value_parser = parse_size)]
     pub max_inflight: Option<u64>,
+    /// Bytes a partition's records fill before they are sealed into a batch (suffixes allowed;
+    /// default: the native client's `batch_bytes`).
+    #[arg(long, value_parser = parse_size)]
+    pub batch_bytes: Option<u64>,
     /// Directory under which the servers' data directories are created (default: system temp).
     #[arg(long)]
     pub data_root: Option<std::path::PathBuf>,
@@ -91,6 +95,9 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
         coordinators: vec![cluster.coordinator.addr.to_string()],
         ..ClientOptions::default()
     };
+    if let Some(n) = args.batch_bytes {
+        opts.batch_bytes = usize::try_from(n).context("--batch-bytes")?;
+    }
     if let Some(n) = args.max_inflight {
         opts.max_inflight_bytes = usize::try_from(n).context("--max-inflight")?;
     }
