@@ -122,8 +122,12 @@ impl Flushers {
             drop(std::mem::take(&mut p.buffer));
             return Ok(0);
         }
+        // A partition whose file is on a full directory moves to one in service, if any; with
+        // none, accepted data still goes to its file (the reserve is there for it, and the
+        // flusher waits for space on `ENOSPC`).
         let target = match &p.file {
-            Some(f) if !f.dir.is_failed() => f.clone(),
+            Some(f) if f.dir.in_service() => f.clone(),
+            Some(f) if !f.dir.is_failed() && !self.storage.has_healthy() => f.clone(),
             _ => open_next_file(&self.storage, shuffle, partition_id, p, None)
                 .map_err(|e| NoStorage(e.to_string()))?,
         };
@@ -364,6 +368,48 @@ mod tests {
             );
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
+    }
+
+    /// Buffers `bytes` for partition 0 and submits them; waits for the flush.
+    fn flush_once(flushers: &Flushers, shuffle: &Arc<Shuffle>, bytes: usize) {
+        let mut p = shuffle.partitions[0].lock();
+        p.buffer.slices.push(bytes::Bytes::from(vec![7u8; bytes]));
+        p.buffer.maps.push(0);
+        p.buffer.bytes = bytes as u64;
+        flushers.submit(shuffle, 0, &mut p).expect("a directory takes it");
+        drop(p);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while shuffle.inflight_flushes.load(Ordering::Acquire) > 0 {
+            assert!(Instant::now() < deadline, "flush never finished");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn a_partition_on_a_full_dir_moves_to_one_in_service_and_stays_when_there_is_none() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let storage =
+            Arc::new(Storage::open(&[a.path().to_path_buf(), b.path().to_path_buf()], 0, 0));
+        let flushers = Flushers::start(storage.clone(), 1, 0, Arc::new(|_| {}));
+        let shuffle = Shuffle::new("app", 1, 1, 1);
+        flush_once(&flushers, &shuffle, 1000);
+        let first = shuffle.partitions[0].lock().file.clone().unwrap().dir.index;
+
+        // Its directory fills up: the next chunk goes to the other one, in a new file.
+        storage.dirs()[first].mark_full(&"test");
+        flush_once(&flushers, &shuffle, 1000);
+        let p = shuffle.partitions[0].lock();
+        assert_eq!(p.file.as_ref().unwrap().dir.index, 1 - first);
+        assert_eq!((p.files_created, p.chunks.len(), p.lost.as_deref()), (2, 2, None));
+        drop(p);
+
+        // Both full: data already accepted still goes to the partition's file (the reserve is
+        // for it), not to a lost partition.
+        storage.dirs()[1 - first].mark_full(&"test");
+        flush_once(&flushers, &shuffle, 1000);
+        let p = shuffle.partitions[0].lock();
+        assert_eq!(p.file.as_ref().unwrap().dir.index, 1 - first);
+        assert_eq!((p.files_created, p.chunks.len(), p.lost.as_deref()), (2, 3, None));
     }
 
     #[test]
