@@ -173,7 +173,9 @@ async fn maintenance(state: Arc<ServerState>) {
             }
             state.expire_apps();
             state.expire_streams();
-            state.storage.refresh();
+            // statvfs, and deleting the recycle pool when space runs low: blocking file work.
+            let storage = state.storage.clone();
+            tokio::task::spawn_blocking(move || storage.refresh());
         }
     }
 }
