@@ -67,7 +67,8 @@ pub struct ServerInfo {
     pub free_memory_bytes: u64,
     pub free_disk_bytes: u64,
     /// The last heartbeat reported no free disk above the server's reserve: its directories are
-    /// full or failed, so it takes no new partitions while another server has room.
+    /// full or failed, or it is draining, so it takes no new partitions while another server has
+    /// room.
     pub disk_full: bool,
     pub partitions_held: u32,
     pub push_bytes_per_s: u64,
@@ -167,7 +168,7 @@ impl Coordinator {
                         s.free_disk_bytes = h.free_disk_bytes;
                         if (h.free_disk_bytes == 0) != s.disk_full {
                             tracing::warn!(server = %s.addr.server_id, full = !s.disk_full,
-                                "server's disk full state changed");
+                                "server's room for new partitions changed (no free disk: full or draining)");
                         }
                         s.disk_full = h.free_disk_bytes == 0;
                         s.partitions_held = h.partitions_held;

@@ -46,6 +46,9 @@ pub struct ServerConfig {
     pub recycle_bytes_per_dir: u64,
     /// An application with no heartbeat for this long is expired and its data deleted, in ms.
     pub app_expiry_ms: u64,
+    /// After SIGUSR1 (drain), the server stops once it holds no shuffle, or after this many
+    /// milliseconds, whichever comes first.
+    pub drain_timeout_ms: u64,
     /// Coordinator addresses (`host:port`) to heartbeat to.
     pub coordinators: Vec<String>,
     /// Interval between heartbeats to each coordinator, in milliseconds.
@@ -72,6 +75,7 @@ impl Default for ServerConfig {
             data_dir_reserve_bytes: 256 << 20,
             recycle_bytes_per_dir: 2 << 30,
             app_expiry_ms: 120_000,
+            drain_timeout_ms: 3_600_000,
             coordinators: Vec::new(),
             heartbeat_interval_ms: 1_000,
             transport: sluice_transport::ServerConfig::default(),

@@ -135,6 +135,7 @@ impl Server {
             ("sluice_server_recycle_pool_bytes", state.storage.pooled_bytes()),
             ("sluice_server_data_dirs_full", state.storage.count(|d| d.is_full())),
             ("sluice_server_data_dirs_failed", state.storage.count(|d| d.is_failed())),
+            ("sluice_server_draining", u64::from(state.is_draining())),
         ])
     }
 }
@@ -229,7 +230,8 @@ async fn heartbeat_loop(
                 port,
                 memory_budget_bytes: state.budget.capacity(),
                 free_memory_bytes: state.budget.capacity().saturating_sub(state.budget.used()),
-                free_disk_bytes: state.storage.free_bytes(),
+                // A draining server has no room for new partitions (see `start_draining`).
+                free_disk_bytes: if state.is_draining() { 0 } else { state.storage.free_bytes() },
                 partitions_held: state.partitions_held(),
                 push_bytes_per_s: (pushed - last_pushed) * 1000
                     / interval.as_millis().max(1) as u64,

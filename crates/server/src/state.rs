@@ -59,6 +59,8 @@ pub struct ServerState {
     /// Bytes handed to flushers and not yet written.
     flushing_bytes: Arc<AtomicU64>,
     relieving: AtomicBool,
+    /// Taking no new partitions (see [`ServerState::start_draining`]).
+    draining: AtomicBool,
 }
 
 impl ServerState {
@@ -100,6 +102,7 @@ impl ServerState {
             next_stream: AtomicU64::new(1),
             flushing_bytes,
             relieving: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
         })
     }
 
@@ -564,6 +567,28 @@ impl ServerState {
             self.stats.apps_expired.fetch_add(1, Ordering::Relaxed);
             self.remove_app(&id, "expired (no heartbeat)");
         }
+    }
+
+    /// Stops taking new partitions before a planned stop: heartbeats report no free disk, so
+    /// coordinators assign this server nothing while another server has room. What it holds is
+    /// still served, and pushes to its shuffles are still taken (their map stages finish).
+    pub fn start_draining(&self) {
+        if !self.draining.swap(true, Ordering::AcqRel) {
+            tracing::info!(
+                shuffles = self.shuffles_held(),
+                "draining: no new partitions; stopping once no shuffle is left"
+            );
+        }
+    }
+
+    /// Whether [`ServerState::start_draining`] was called.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// Shuffles held, of every application.
+    pub fn shuffles_held(&self) -> usize {
+        self.apps.lock().values().map(|a| a.shuffles.lock().len()).sum()
     }
 
     /// Partitions of all shuffles held (for heartbeats).

@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
@@ -139,8 +140,41 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
         )
         .await?;
     }
-    server.serve(listener, shutdown_signal()).await?;
+    let state = server.state.clone();
+    server.serve(listener, server_stop(state)).await?;
     Ok(())
+}
+
+/// When a server stops: at once on Ctrl-C or SIGTERM; after SIGUSR1 it drains (takes no new
+/// partitions, see `ServerState::start_draining`) and stops once it holds no shuffle (the
+/// applications unregistered them, ended or expired) or after `drain_timeout_ms`.
+async fn server_stop(state: Arc<sluice_server::ServerState>) {
+    let mut usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+        .expect("SIGUSR1 handler");
+    tokio::select! {
+        _ = shutdown_signal() => return,
+        _ = usr1.recv() => {}
+    }
+    state.start_draining();
+    let timeout = Duration::from_millis(state.config.drain_timeout_ms);
+    let drained = async {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            if state.shuffles_held() == 0 {
+                tracing::info!("drained: no shuffle left; stopping");
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = shutdown_signal() => {}
+        _ = drained => {}
+        _ = tokio::time::sleep(timeout) => {
+            tracing::warn!(shuffles = state.shuffles_held(),
+                "drain timeout: stopping with shuffles still held");
+        }
+    }
 }
 
 /// `sluice coordinator`.
