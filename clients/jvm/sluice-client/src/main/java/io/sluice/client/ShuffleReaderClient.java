@@ -202,6 +202,11 @@ public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseab
     Frame frame;
     try {
       frame = TransportClient.await(f);
+    } catch (RuntimeException e) {
+      // Interrupted (a killed task: Spark interrupts the losing speculative copy) or failed: the
+      // chunk may still arrive, and nobody else holds this future any more.
+      releaseOnArrival(f);
+      throw e;
     } finally {
       long waited = System.nanoTime() - start;
       fetchWaitNanos += waited;
@@ -326,17 +331,22 @@ public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseab
   private void abandonStream() {
     releaseChunk();
     for (CompletableFuture<Frame> f : inFlight) {
-      f.whenComplete((frame, e) -> {
-        if (frame != null) {
-          frame.release();
-        }
-      });
+      releaseOnArrival(f);
     }
     inFlight.clear();
     if (client != null && client.isActive()) {
       closeStreamQuietly();
     }
     streamOpen = false;
+  }
+
+  /** Releases the chunk a request will deliver, whenever it does (no-op if it fails). */
+  private static void releaseOnArrival(CompletableFuture<Frame> f) {
+    f.whenComplete((frame, e) -> {
+      if (frame != null) {
+        frame.release();
+      }
+    });
   }
 
   private void releaseChunk() {

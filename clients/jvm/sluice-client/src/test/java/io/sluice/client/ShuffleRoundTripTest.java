@@ -236,6 +236,36 @@ class ShuffleRoundTripTest {
   }
 
   @Test
+  void aReaderInterruptedWhileAChunkIsOnItsWayReleasesTheChunkWhenItArrives() throws Exception {
+    // Spark interrupts a task it kills (the losing copy of a speculative task, say), and a reduce
+    // task may be waiting for a chunk then. The chunk still arrives; NettyLeakCheck fails this
+    // test if nobody releases it.
+    ShuffleAssignment a = coord.registerShuffle(APP, 1, 1, 2, 1);
+    writeMap(a, 0, 0, 10, true);
+    s1.responseDelayMs = 400; // OpenStream answered at ~400 ms, the first chunk at ~800 ms
+    java.util.concurrent.atomic.AtomicReference<Throwable> thrown =
+        new java.util.concurrent.atomic.AtomicReference<>();
+    Thread reader = new Thread(() -> {
+      try (ShuffleReaderClient r = new ShuffleReaderClient(factory, conf, APP, a.shuffleId(), a,
+          0, 0, 1)) {
+        r.hasNext();
+      } catch (Throwable t) {
+        thrown.set(t);
+      }
+    });
+    reader.start();
+    Thread.sleep(600);
+    reader.interrupt();
+    reader.join(5_000);
+    assertFalse(reader.isAlive());
+    SluiceException e = assertThrows(SluiceException.class, () -> {
+      throw thrown.get();
+    });
+    assertTrue(e.getMessage().contains("interrupted"), e.getMessage());
+    Thread.sleep(800); // the chunks arrive
+  }
+
+  @Test
   void missingBatchIsDataLost() {
     ShuffleAssignment a = coord.registerShuffle(APP, 1, 2, 2, 1);
     writeMap(a, 0, 0, 10, true);
