@@ -140,6 +140,15 @@ class Process:
             pass
 
 
+def wait_until(what, predicate, timeout):
+    """Polls `predicate` every 0.2 s; fails with `what` if it is not true within `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(0.2)
+
+
 def scrape(metrics_addr):
     """Prometheus text of one process, as {name: value} (labels folded into the name)."""
     with urllib.request.urlopen(f"http://{metrics_addr}/metrics", timeout=5) as r:

@@ -10,13 +10,12 @@ instead of running its map stage again.
 import operator
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import (COMMON_CONF, MODES, WORKER_HOSTS, classpath_conf, sluice_conf,
-                      start_app)
+                      start_app, wait_until)
 
 N = 20_000
 KEYS = 17
@@ -26,14 +25,6 @@ EXPECTED = sorted({k: sum(x for x in range(N) if x % KEYS == k) for k in range(K
 def executors(sc):
     """Executors registered now (the block managers minus the driver's)."""
     return sc._jsc.sc().getExecutorMemoryStatus().size() - 1
-
-
-def wait_until(what, predicate, timeout):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")

@@ -18,21 +18,13 @@ from pathlib import Path
 import pytest
 
 from conftest import (COMMON_CONF, ROOT, App, SluiceCluster, classpath_conf, scrape,
-                      sluice_conf, start_app)
+                      sluice_conf, start_app, wait_until)
 
 N = 30_000
 KEYS = 31
 PARTITIONS = 6
 EXPECTED = sorted({k: sum(x for x in range(N) if x % KEYS == k) for k in range(KEYS)}.items())
 SERVER_TIMEOUT_MS = 3000
-
-
-def wait_until(what, predicate, timeout):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(0.2)
 
 
 class FaultApp:

@@ -66,10 +66,10 @@ pub struct ServerInfo {
     pub memory_budget_bytes: u64,
     pub free_memory_bytes: u64,
     pub free_disk_bytes: u64,
-    /// The last heartbeat reported no free disk above the server's reserve: its directories are
-    /// full or failed, or it is draining, so it takes no new partitions while another server has
+    /// The last heartbeat reported no free disk above the server's reserve (its directories are
+    /// full or failed, or it is draining): it gets no new partitions while another server has
     /// room.
-    pub disk_full: bool,
+    pub no_room: bool,
     pub partitions_held: u32,
     pub push_bytes_per_s: u64,
     /// Partitions assigned since its last heartbeat (not yet in `partitions_held`).
@@ -166,11 +166,12 @@ impl Coordinator {
                         s.memory_budget_bytes = h.memory_budget_bytes;
                         s.free_memory_bytes = h.free_memory_bytes;
                         s.free_disk_bytes = h.free_disk_bytes;
-                        if (h.free_disk_bytes == 0) != s.disk_full {
-                            tracing::warn!(server = %s.addr.server_id, full = !s.disk_full,
+                        let no_room = h.free_disk_bytes == 0;
+                        if no_room != s.no_room {
+                            tracing::warn!(server = %s.addr.server_id, no_room,
                                 "server's room for new partitions changed (no free disk: full or draining)");
                         }
-                        s.disk_full = h.free_disk_bytes == 0;
+                        s.no_room = no_room;
                         s.partitions_held = h.partitions_held;
                         s.push_bytes_per_s = h.push_bytes_per_s;
                         s.assigned_since_heartbeat = 0;
@@ -218,7 +219,7 @@ impl Coordinator {
                 memory_budget_bytes: 0,
                 free_memory_bytes: 0,
                 free_disk_bytes: 0,
-                disk_full: false,
+                no_room: false,
                 partitions_held: 0,
                 push_bytes_per_s: 0,
                 assigned_since_heartbeat: 0,
@@ -253,8 +254,8 @@ impl Coordinator {
         }
         // Servers with no disk left are skipped while another has room (with none, the servers
         // refuse the pushes with a clear error).
-        if live.iter().any(|s| !s.disk_full) {
-            live.retain(|s| !s.disk_full);
+        if live.iter().any(|s| !s.no_room) {
+            live.retain(|s| !s.no_room);
         }
         live.sort_by(|a, b| a.addr.server_id.cmp(&b.addr.server_id));
         let locs = assign(&mut live, r.num_partitions, r.replication);
@@ -360,7 +361,7 @@ mod tests {
             memory_budget_bytes: 100,
             free_memory_bytes: free,
             free_disk_bytes: 1 << 40,
-            disk_full: false,
+            no_room: false,
             partitions_held: held,
             push_bytes_per_s: 0,
             assigned_since_heartbeat: 0,

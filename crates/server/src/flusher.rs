@@ -30,10 +30,15 @@ use crate::storage::{create_file, DataDir, Storage};
 /// marked lost.
 pub const FULL_WAIT: Duration = Duration::from_secs(10);
 
+/// Whether `e` says the file system is full.
+fn is_nospc(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(rustix::io::Errno::NOSPC.raw_os_error())
+}
+
 /// Takes a directory whose write or create failed with `e` out of use: full (for a while) on
 /// `ENOSPC`, out of service on anything else. Returns whether it was a full disk.
 fn note_failure(dir: &DataDir, e: &std::io::Error) -> bool {
-    if e.raw_os_error() == Some(rustix::io::Errno::NOSPC.raw_os_error()) {
+    if is_nospc(e) {
         dir.mark_full(e);
         true
     } else {
@@ -216,9 +221,8 @@ fn run_job(storage: &Storage, mut job: FlushJob) {
                 break;
             }
             Err(e) => {
-                let nospc = e.raw_os_error() == Some(rustix::io::Errno::NOSPC.raw_os_error());
                 // A full disk gives back its recycled files first; then the same write again.
-                if nospc && job.target.dir.drain_pool() > 0 {
+                if is_nospc(&e) && job.target.dir.drain_pool() > 0 {
                     continue;
                 }
                 let full = note_failure(&job.target.dir, &e);

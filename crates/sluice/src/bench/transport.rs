@@ -231,73 +231,43 @@ async fn measure(
     let (zc_addr, copy_addr, sink_addr) = child.addrs;
     let chunks = file_bytes / chunk_bytes;
     let total_chunks = chunks * args.passes as u64;
-    // Per path, the fastest round's (GB/s, server CPU s/GB, client CPU s/GB).
-    let (mut zc, mut cp) = ((0.0f64, f64::MAX, f64::MAX), (0.0f64, f64::MAX, f64::MAX));
+    let bytes = total_chunks * chunk_bytes;
+    // Per path, the fastest round.
+    let (mut zc, mut cp) = (Round::default(), Round::default());
     for round in 0..args.rounds {
         for (zero_copy, addr) in [(true, zc_addr), (false, copy_addr)] {
-            let cpu0 = child.cpu()?;
-            let t = Instant::now();
-            let own0 = process_cpu_seconds();
-            fetch_pass(args, addr, total_chunks, chunks, chunk_bytes, args.client_connection)
-                .await?;
-            let secs = t.elapsed().as_secs_f64();
-            let cpu = child.cpu()? - cpu0;
-            let own = (process_cpu_seconds() - own0) / secs;
-            let gb = (total_chunks * chunk_bytes) as f64 / 1e9;
-            let (gbps, cpu_per_gb) = (gb / secs, cpu / gb);
-            progress(
-                args,
-                &format!(
-                    "round {round}: {} {gbps:.2} GB/s, server {cpu_per_gb:.3} CPU s/GB (client {:.0}% CPU)",
-                    mode(zero_copy),
-                    own * 100.0
-                ),
-            );
-            let best = if zero_copy { &mut zc } else { &mut cp };
-            if gbps > best.0 {
-                *best = (gbps, cpu_per_gb, own / gbps);
-            }
+            let pass =
+                fetch_pass(args, addr, total_chunks, chunks, chunk_bytes, args.client_connection);
+            let r = Round::measure(child, bytes, pass).await?;
+            progress(args, &format!("round {round}: {} {r}", mode(zero_copy)));
+            (if zero_copy { &mut zc } else { &mut cp }).keep_faster(r);
         }
     }
     let stats = child.stats()?;
 
-    let (mut raw_sf, mut raw_cp) = ((0.0f64, f64::MAX, f64::MAX), (0.0f64, f64::MAX, f64::MAX));
+    let (mut raw_sf, mut raw_cp) = (Round::default(), Round::default());
     for round in 0..args.rounds {
         for zero_copy in [true, false] {
-            let (cpu0, own0) = (child.cpu()?, process_cpu_seconds());
-            let t = Instant::now();
-            let raw_addr = child.raw_addr;
-            let n = args.connections as u64;
-            tokio::task::block_in_place(|| {
-                let lanes: Vec<_> = (0..n)
-                    .map(|c| {
-                        let count = total_chunks / n + u64::from(c < total_chunks % n);
-                        std::thread::spawn(move || {
-                            raw_fetch(raw_addr, zero_copy, count, c, n, chunk_bytes)
+            let (raw_addr, n) = (child.raw_addr, args.connections as u64);
+            let pass = async {
+                tokio::task::block_in_place(|| {
+                    let lanes: Vec<_> = (0..n)
+                        .map(|c| {
+                            let count = total_chunks / n + u64::from(c < total_chunks % n);
+                            std::thread::spawn(move || {
+                                raw_fetch(raw_addr, zero_copy, count, c, n, chunk_bytes)
+                            })
                         })
-                    })
-                    .collect();
-                for lane in lanes {
-                    lane.join().map_err(|_| anyhow::anyhow!("raw client panicked"))??;
-                }
-                anyhow::Ok(())
-            })?;
-            let secs = t.elapsed().as_secs_f64();
-            let (cpu, own) = (child.cpu()? - cpu0, (process_cpu_seconds() - own0) / secs);
-            let gb = (total_chunks * chunk_bytes) as f64 / 1e9;
-            let (gbps, cpu_per_gb) = (gb / secs, cpu / gb);
-            progress(
-                args,
-                &format!(
-                    "round {round}: kernel loop, {} {gbps:.2} GB/s, server {cpu_per_gb:.3} CPU s/GB (client {:.0}% CPU)",
-                    mode(zero_copy),
-                    own * 100.0
-                ),
-            );
-            let best = if zero_copy { &mut raw_sf } else { &mut raw_cp };
-            if gbps > best.0 {
-                *best = (gbps, cpu_per_gb, own / gbps);
-            }
+                        .collect();
+                    for lane in lanes {
+                        lane.join().map_err(|_| anyhow::anyhow!("raw client panicked"))??;
+                    }
+                    anyhow::Ok(())
+                })
+            };
+            let r = Round::measure(child, bytes, pass).await?;
+            progress(args, &format!("round {round}: kernel loop, {} {r}", mode(zero_copy)));
+            (if zero_copy { &mut raw_sf } else { &mut raw_cp }).keep_faster(r);
         }
     }
 
@@ -337,20 +307,20 @@ async fn measure(
         passes: args.passes,
         pipeline: args.pipeline,
         connections: args.connections,
-        zero_copy_gbps: zc.0,
-        copy_gbps: cp.0,
-        zero_copy_server_cpu_s_per_gb: zc.1,
-        copy_server_cpu_s_per_gb: cp.1,
-        zero_copy_speedup: zc.0 / cp.0,
-        zero_copy_cpu_ratio: zc.1 / cp.1,
-        zero_copy_client_cpu_s_per_gb: zc.2,
-        copy_client_cpu_s_per_gb: cp.2,
-        raw_sendfile_gbps: raw_sf.0,
-        raw_copy_gbps: raw_cp.0,
-        raw_sendfile_server_cpu_s_per_gb: raw_sf.1,
-        raw_copy_server_cpu_s_per_gb: raw_cp.1,
-        raw_sendfile_client_cpu_s_per_gb: raw_sf.2,
-        raw_copy_client_cpu_s_per_gb: raw_cp.2,
+        zero_copy_gbps: zc.gbps,
+        copy_gbps: cp.gbps,
+        zero_copy_server_cpu_s_per_gb: zc.server_cpu_s_per_gb,
+        copy_server_cpu_s_per_gb: cp.server_cpu_s_per_gb,
+        zero_copy_speedup: zc.gbps / cp.gbps,
+        zero_copy_cpu_ratio: zc.server_cpu_s_per_gb / cp.server_cpu_s_per_gb,
+        zero_copy_client_cpu_s_per_gb: zc.client_cpu_s_per_gb,
+        copy_client_cpu_s_per_gb: cp.client_cpu_s_per_gb,
+        raw_sendfile_gbps: raw_sf.gbps,
+        raw_copy_gbps: raw_cp.gbps,
+        raw_sendfile_server_cpu_s_per_gb: raw_sf.server_cpu_s_per_gb,
+        raw_copy_server_cpu_s_per_gb: raw_cp.server_cpu_s_per_gb,
+        raw_sendfile_client_cpu_s_per_gb: raw_sf.client_cpu_s_per_gb,
+        raw_copy_client_cpu_s_per_gb: raw_cp.client_cpu_s_per_gb,
         frame_body_bytes: args.frame_bytes,
         frames: args.frames,
         batch: args.batch,
@@ -371,6 +341,53 @@ async fn measure(
         loadavg_before: String::new(),
         loadavg_after: String::new(),
     })
+}
+
+/// One measured pass over a file: its speed and what it cost the server child and this process.
+#[derive(Debug, Default, Clone, Copy)]
+struct Round {
+    gbps: f64,
+    server_cpu_s_per_gb: f64,
+    client_cpu_s_per_gb: f64,
+}
+
+impl Round {
+    /// Runs `pass`, which moves `bytes` from the server child to this process, and measures it.
+    async fn measure(
+        child: &mut ServerChild,
+        bytes: u64,
+        pass: impl std::future::Future<Output = anyhow::Result<()>>,
+    ) -> anyhow::Result<Round> {
+        let (server0, client0, t) = (child.cpu()?, process_cpu_seconds(), Instant::now());
+        pass.await?;
+        let secs = t.elapsed().as_secs_f64();
+        let (server, client) = (child.cpu()? - server0, process_cpu_seconds() - client0);
+        let gb = bytes as f64 / 1e9;
+        Ok(Round {
+            gbps: gb / secs,
+            server_cpu_s_per_gb: server / gb,
+            client_cpu_s_per_gb: client / gb,
+        })
+    }
+
+    /// Keeps `r` if it is the faster round (the best round is what a run reports).
+    fn keep_faster(&mut self, r: Round) {
+        if r.gbps > self.gbps {
+            *self = r;
+        }
+    }
+}
+
+impl std::fmt::Display for Round {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.2} GB/s, server {:.3} CPU s/GB (client {:.0}% CPU)",
+            self.gbps,
+            self.server_cpu_s_per_gb,
+            self.client_cpu_s_per_gb * self.gbps * 100.0
+        )
+    }
 }
 
 fn mode(zero_copy: bool) -> &'static str {
