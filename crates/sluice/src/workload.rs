@@ -59,12 +59,18 @@ fn below(x: u64, n: u64) -> u64 {
     ((x as u128 * n as u128) >> 64) as u64
 }
 
-/// 1 MiB of random bytes shared by all generators (records take slices of it).
+/// Bytes of the shared random pool: larger than the largest record (`sluice local` takes up to
+/// 64 KiB), small enough to stay in the CPU's cache. A 1 MiB pool made the generator's reads miss
+/// the cache: `sluice local --bytes 2G` spent 0.91–0.94 client CPU s/GB against 0.66–0.76 with
+/// this size (docs/benchmarks.md), CPU that a map task's own output, freshly made, does not cost.
+const POOL_BYTES: usize = 128 << 10;
+
+/// Random bytes shared by all generators (records take slices of it).
 fn random_pool() -> &'static [u8] {
     static POOL: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
     POOL.get_or_init(|| {
         let mut r = Rng(0x0123_4567_89AB_CDEF);
-        (0..(1 << 17)).flat_map(|_| r.next().to_le_bytes()).collect()
+        (0..POOL_BYTES / 8).flat_map(|_| r.next().to_le_bytes()).collect()
     })
 }
 
@@ -355,5 +361,19 @@ mod tests {
         }
         assert_eq!(below(u64::MAX, 10), 9);
         assert_eq!(below(0, 10), 0);
+    }
+
+    #[test]
+    fn the_largest_records_fit_the_pool_and_differ() {
+        let run = map_runs(2)[0];
+        let mut gen = Records::new(&run, 64 << 20, 65536, 3);
+        let want = gen.left;
+        assert!(want >= 512, "{want}");
+        let mut crcs = std::collections::HashSet::new();
+        while let Some((_, rec)) = gen.next() {
+            assert_eq!(rec.len(), 65536);
+            assert!(crcs.insert(rec.crc()), "two records alike");
+        }
+        assert_eq!(crcs.len() as u64, want);
     }
 }

@@ -96,6 +96,11 @@ pub struct Args {
     /// pings the same server every millisecond (the file must be on a disk, not tmpfs).
     #[arg(long)]
     pub cold: bool,
+    /// `SO_SNDBUF` of the server child's sockets, bytes (all its servers, the kernel loop
+    /// included). Unset: the kernel's autotuning (up to `net.ipv4.tcp_wmem`'s maximum); the
+    /// kernel doubles the value and caps it at `net.core.wmem_max`.
+    #[arg(long)]
+    pub server_send_buffer: Option<usize>,
 }
 
 /// Options of the hidden server child.
@@ -110,6 +115,9 @@ pub struct ServerArgs {
     /// Address to listen on.
     #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
     pub bind: IpAddr,
+    /// `SO_SNDBUF` of accepted sockets, bytes (unset: the kernel's autotuning).
+    #[arg(long)]
+    pub send_buffer_bytes: Option<usize>,
 }
 
 /// Everything one run measured (the `--json` output).
@@ -166,6 +174,8 @@ struct Results {
     /// Where the server ran: its address and the command it was started under, if any.
     server_ip: String,
     server_prefix: Option<String>,
+    /// `--server-send-buffer`, if given.
+    server_send_buffer_bytes: Option<usize>,
     /// 1-minute load average before and after the run (other work on the machine).
     loadavg_before: String,
     loadavg_after: String,
@@ -198,8 +208,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     write_file(&path, file_bytes)?;
     warm(&path)?;
 
-    let mut child =
-        ServerChild::spawn(&path, chunk_bytes, args.server_ip, args.server_prefix.as_deref())?;
+    let mut child = ServerChild::spawn(&path, chunk_bytes, &args)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let result = rt.block_on(async {
         let mut r = measure(&args, &mut child, file_bytes, chunk_bytes).await?;
@@ -212,6 +221,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut r = result?;
     r.server_ip = args.server_ip.to_string();
     r.server_prefix = args.server_prefix.clone();
+    r.server_send_buffer_bytes = args.server_send_buffer;
     r.loadavg_before = loadavg_before;
     r.loadavg_after = loadavg();
     if args.json {
@@ -338,6 +348,7 @@ async fn measure(
         cold: None,
         server_ip: String::new(),
         server_prefix: None,
+        server_send_buffer_bytes: None,
         loadavg_before: String::new(),
         loadavg_after: String::new(),
     })
@@ -687,9 +698,19 @@ fn raw_fetch(
 const RAW_BUF: usize = 256 << 10;
 
 /// The kernel baseline's server: one blocking thread per connection.
-fn raw_serve(listener: std::net::TcpListener, file: Arc<File>, chunk_bytes: u64) {
+fn raw_serve(
+    listener: std::net::TcpListener,
+    file: Arc<File>,
+    chunk_bytes: u64,
+    send_buffer: Option<usize>,
+) {
     for stream in listener.incoming() {
         let Ok(stream) = stream else { continue };
+        if let Some(n) = send_buffer {
+            if let Err(e) = socket2::SockRef::from(&stream).set_send_buffer_size(n) {
+                tracing::warn!(error = %e, "SO_SNDBUF on a kernel-loop connection");
+            }
+        }
         let file = file.clone();
         std::thread::spawn(move || {
             if let Err(e) = raw_conn(stream, &file, chunk_bytes) {
@@ -802,14 +823,10 @@ struct CountersJson {
 }
 
 impl ServerChild {
-    fn spawn(
-        path: &std::path::Path,
-        chunk_bytes: u64,
-        ip: IpAddr,
-        prefix: Option<&str>,
-    ) -> anyhow::Result<ServerChild> {
+    fn spawn(path: &std::path::Path, chunk_bytes: u64, args: &Args) -> anyhow::Result<ServerChild> {
+        let ip = args.server_ip;
         let exe = std::env::current_exe()?;
-        let mut words = prefix.unwrap_or("").split_whitespace();
+        let mut words = args.server_prefix.as_deref().unwrap_or("").split_whitespace();
         let mut cmd = match words.next() {
             Some(program) => {
                 let mut c = Command::new(program);
@@ -822,6 +839,7 @@ impl ServerChild {
             .args(["bench", "transport-server", "--chunk-bytes", &chunk_bytes.to_string()])
             .args(["--bind", &ip.to_string(), "--file"])
             .arg(path)
+            .args(args.server_send_buffer.map(|n| format!("--send-buffer-bytes={n}")))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -898,6 +916,7 @@ pub fn run_server(args: ServerArgs) -> anyhow::Result<()> {
             let cfg = ServerConfig {
                 zero_copy,
                 cold_regions_on_blocking_pool: cold_on_pool,
+                send_buffer_bytes: args.send_buffer_bytes,
                 ..ServerConfig::default()
             };
             let mut stop = stop_rx.clone();
@@ -911,7 +930,8 @@ pub fn run_server(args: ServerArgs) -> anyhow::Result<()> {
     let raw = std::net::TcpListener::bind((args.bind, 0))?;
     let raw_port = raw.local_addr()?.port();
     let raw_file = Arc::new(File::open(&args.file)?);
-    std::thread::spawn(move || raw_serve(raw, raw_file, args.chunk_bytes));
+    let send_buffer = args.send_buffer_bytes;
+    std::thread::spawn(move || raw_serve(raw, raw_file, args.chunk_bytes, send_buffer));
     let mut out = std::io::stdout().lock();
     let [zc, cp, sink, inline] = ports;
     writeln!(out, "ports {} {} {} {raw_port} {}", zc?, cp?, sink?, inline?)?;
@@ -1057,12 +1077,13 @@ fn print_table(r: &Results) {
         ),
     }
     println!(
-        "file bodies: {} MiB file (page cache), {} MiB chunks, {} passes, {} connections × {} in flight",
+        "file bodies: {} MiB file (page cache), {} MiB chunks, {} passes, {} connections × {} in flight, server SO_SNDBUF {}",
         r.file_bytes >> 20,
         r.chunk_bytes >> 20,
         r.passes,
         r.connections,
-        r.pipeline
+        r.pipeline,
+        r.server_send_buffer_bytes.map_or("autotuned".to_string(), |n| format!("{n} bytes")),
     );
     println!("  {:<22} {:>10} {:>18} {:>18}", "path", "GB/s", "server CPU s/GB", "client CPU s/GB");
     let row = |name: &str, gbps: f64, server: f64, client: f64| {
