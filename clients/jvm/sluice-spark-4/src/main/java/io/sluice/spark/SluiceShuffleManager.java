@@ -16,7 +16,7 @@ public final class SluiceShuffleManager extends SluiceShuffleManagerBase
   private final ShuffleBlockResolver resolver = new Spark4Support.NoLocalBlocks();
 
   public SluiceShuffleManager(SparkConf conf, boolean isDriver) {
-    super(conf, isDriver, new Spark4Support.Shims());
+    super(conf, isDriver, Spark4Support.shims());
   }
 
   @Override

@@ -13,7 +13,7 @@ public final class SluiceShuffleManagerSpark40 extends SluiceShuffleManagerBase 
   private final ShuffleBlockResolver resolver = new Spark4Support.NoLocalBlocks();
 
   public SluiceShuffleManagerSpark40(SparkConf conf, boolean isDriver) {
-    super(conf, isDriver, new Spark4Support.Shims());
+    super(conf, isDriver, Spark4Support.shims());
   }
 
   @Override

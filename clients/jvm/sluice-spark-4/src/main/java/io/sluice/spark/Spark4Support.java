@@ -1,5 +1,8 @@
 package io.sluice.spark;
 
+import java.lang.invoke.MethodHandle;
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.MethodType;
 import org.apache.spark.TaskContext;
 import org.apache.spark.network.buffer.ManagedBuffer;
 import org.apache.spark.network.shuffle.MergedBlockMeta;
@@ -23,7 +26,22 @@ import scala.math.Ordering;
 final class Spark4Support {
   private Spark4Support() {}
 
-  /** Spark 4.x's signatures. */
+  /**
+   * The shims for the Spark running this JVM: Spark 4.1 added a checksum argument to
+   * {@code MapStatus.apply} and to {@code ExternalSorter}'s constructor, which this module is
+   * compiled against (4.2); Spark 4.0 has only the older forms.
+   */
+  static SparkShims shims() {
+    try {
+      MapStatus$.class.getMethod("apply", BlockManagerId.class, long[].class, long.class,
+          long.class);
+      return new Shims();
+    } catch (NoSuchMethodException e) {
+      return new Shims40();
+    }
+  }
+
+  /** Spark 4.1 and later. */
   static final class Shims implements SparkShims {
     @Override
     public MapStatus mapStatus(BlockManagerId location, long[] partitionLengths, long mapTaskId) {
@@ -38,6 +56,58 @@ final class Spark4Support {
       ExternalSorter<K, C, C> sorter = new ExternalSorter<>(context, Option.empty(),
           Option.empty(), Option.apply(ordering), serializer, new RowBasedChecksum[0]);
       return sorter.insertAllAndUpdateMetrics(records);
+    }
+  }
+
+  /**
+   * Spark 4.0: {@code MapStatus.apply(location, sizes, mapTaskId)} and the five-argument
+   * {@code ExternalSorter}, neither of which the 4.2 API this module compiles against declares,
+   * so both are looked up once by signature.
+   */
+  static final class Shims40 implements SparkShims {
+    private final MethodHandle mapStatus;
+    private final MethodHandle sorter;
+
+    Shims40() {
+      MethodHandles.Lookup lookup = MethodHandles.publicLookup();
+      try {
+        mapStatus = lookup.findVirtual(MapStatus$.class, "apply",
+            MethodType.methodType(MapStatus.class, BlockManagerId.class, long[].class, long.class))
+            .bindTo(MapStatus$.MODULE$);
+        sorter = lookup.findConstructor(ExternalSorter.class, MethodType.methodType(void.class,
+            TaskContext.class, Option.class, Option.class, Option.class, Serializer.class));
+      } catch (ReflectiveOperationException e) {
+        throw new IllegalStateException("this Spark has neither Spark 4.0's nor 4.1's"
+            + " MapStatus.apply and ExternalSorter constructor: Sluice's Spark 4 jar supports"
+            + " Spark 4.0 and later", e);
+      }
+    }
+
+    @Override
+    public MapStatus mapStatus(BlockManagerId location, long[] partitionLengths, long mapTaskId) {
+      try {
+        return (MapStatus) mapStatus.invokeExact(location, partitionLengths, mapTaskId);
+      } catch (RuntimeException | Error e) {
+        throw e;
+      } catch (Throwable e) {
+        throw new IllegalStateException(e);
+      }
+    }
+
+    @Override
+    @SuppressWarnings("unchecked")
+    public <K, C> Iterator<Product2<K, C>> sortByKey(TaskContext context, Ordering<K> ordering,
+        Serializer serializer, Iterator<Product2<K, C>> records) {
+      ExternalSorter<K, C, C> s;
+      try {
+        s = (ExternalSorter<K, C, C>) (Object) sorter.invoke(context, Option.empty(),
+            Option.empty(), Option.apply(ordering), serializer);
+      } catch (RuntimeException | Error e) {
+        throw e;
+      } catch (Throwable e) {
+        throw new IllegalStateException(e);
+      }
+      return s.insertAllAndUpdateMetrics(records);
     }
   }
 
