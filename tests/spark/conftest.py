@@ -19,6 +19,7 @@ Environment knobs:
   SLUICE_SPARK_JAR_DIR  where the shaded plugin jars are (default: each module's target/)
 """
 
+import contextlib
 import json
 import os
 import re
@@ -462,8 +463,10 @@ def start_app(name, conf, events_dir):
     if SparkContext._jvm is not None:
         system = SparkContext._jvm.System
         for key in list(system.getProperties().stringPropertyNames()):
-            if key.startswith(("spark.sluice.", "spark.dynamicAllocation.")) or key in (
-                    "spark.shuffle.manager", "spark.shuffle.sort.io.plugin.class"):
+            if key.startswith(("spark.sluice.", "spark.dynamicAllocation.",
+                               "spark.io.encryption.")) or key in (
+                    "spark.shuffle.manager", "spark.shuffle.sort.io.plugin.class",
+                    "spark.shuffle.compress"):
                 system.clearProperty(key)
     builder = SparkSession.builder.appName(name)
     for k, v in conf.items():
@@ -482,6 +485,23 @@ def start_app(name, conf, events_dir):
     print(f"\n[{name}] Spark {spark.version} application up in "
           f"{time.monotonic() - started:.1f} s", file=sys.stderr)
     return spark
+
+
+@contextlib.contextmanager
+def sluice_app(name, sluice_cluster, spark_cluster, extra):
+    """A Sluice application on the test clusters with the usual settings plus `extra`; stopped
+    (and its scratch directory deleted) on exit."""
+    conf = dict(COMMON_CONF, **{"spark.master": spark_cluster.url})
+    conf.update(classpath_conf())
+    conf.update(sluice_conf(sluice_cluster))
+    conf.update(extra)
+    scratch = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    spark = start_app(name, conf, scratch / "events")
+    try:
+        yield spark
+    finally:
+        spark.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 # Reference results of the built-in shuffle, by test name (filled by the "builtin" run).

@@ -8,14 +8,10 @@ instead of running its map stage again.
 """
 
 import operator
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 
-from conftest import (COMMON_CONF, MODES, WORKER_HOSTS, classpath_conf, sluice_conf,
-                      start_app, wait_until)
+from conftest import MODES, WORKER_HOSTS, sluice_app, wait_until
 
 N = 20_000
 KEYS = 17
@@ -31,10 +27,7 @@ def executors(sc):
 def dyn_app(sluice_cluster, spark_cluster):
     if "sluice" not in MODES:
         pytest.skip("Sluice mode not selected")
-    conf = dict(COMMON_CONF, **{"spark.master": spark_cluster.url})
-    conf.update(classpath_conf())
-    conf.update(sluice_conf(sluice_cluster))
-    conf.update({
+    with sluice_app("sluice-dynamic-allocation", sluice_cluster, spark_cluster, {
         "spark.shuffle.sort.io.plugin.class": "io.sluice.spark.SluiceShuffleDataIO",
         "spark.dynamicAllocation.enabled": "true",
         "spark.shuffle.service.enabled": "false",
@@ -45,14 +38,8 @@ def dyn_app(sluice_cluster, spark_cluster):
         "spark.dynamicAllocation.executorIdleTimeout": "2s",
         "spark.dynamicAllocation.schedulerBacklogTimeout": "1s",
         "spark.speculation": "false",
-    })
-    scratch = Path(tempfile.mkdtemp(prefix="sluice-spark-dyn-"))
-    spark = start_app("sluice-dynamic-allocation", conf, scratch / "events")
-    try:
+    }) as spark:
         yield spark
-    finally:
-        spark.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def test_idle_executors_go_and_their_shuffle_output_stays(dyn_app):

@@ -15,6 +15,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use crate::flusher::padded_len;
 use crate::memory_budget::Reservation;
 use crate::storage::DataDir;
 
@@ -85,7 +86,11 @@ pub struct Shuffle {
     pub num_maps: u32,
     pub partitions: Vec<Mutex<Partition>>,
     pub maps: Mutex<HashMap<u32, MapEnd>>,
+    /// Set when a commit starts: pushes are refused from then on.
     pub committed: AtomicBool,
+    /// Set when a commit has flushed every buffer and cut its files to their data: streams may
+    /// be opened from then on.
+    pub readable: AtomicBool,
     /// Flush jobs submitted and not yet finished.
     pub inflight_flushes: AtomicU64,
     pub flushed: Notify,
@@ -103,6 +108,7 @@ impl Shuffle {
             partitions: (0..num_partitions).map(|_| Mutex::new(Partition::default())).collect(),
             maps: Mutex::new(HashMap::new()),
             committed: AtomicBool::new(false),
+            readable: AtomicBool::new(false),
             inflight_flushes: AtomicU64::new(0),
             flushed: Notify::new(),
             rel_dir: PathBuf::from(sanitize(app_id)).join(shuffle_id.to_string()),
@@ -112,6 +118,32 @@ impl Shuffle {
 
     pub fn is_committed(&self) -> bool {
         self.committed.load(Ordering::Acquire)
+    }
+
+    /// Whether readers may open streams: set once a commit has flushed everything.
+    pub fn is_readable(&self) -> bool {
+        self.readable.load(Ordering::Acquire)
+    }
+
+    /// Every file that holds this shuffle's data, with where that data ends (page padding
+    /// included). A file taken from the recycle pool can be longer: the bytes past the end are an
+    /// earlier shuffle's.
+    pub fn file_ends(&self) -> Vec<(Arc<File>, u64)> {
+        let mut ends: HashMap<*const File, (Arc<File>, u64)> = HashMap::new();
+        let mut note = |file: &Arc<File>, end: u64| {
+            let e = ends.entry(Arc::as_ptr(file)).or_insert_with(|| (file.clone(), 0));
+            e.1 = e.1.max(end);
+        };
+        for p in &self.partitions {
+            let p = p.lock();
+            if let Some(f) = &p.file {
+                note(&f.file, p.next_offset);
+            }
+            for c in &p.chunks {
+                note(&c.file, c.offset + padded_len(c.len));
+            }
+        }
+        ends.into_values().collect()
     }
 
     /// Records a map attempt's end; the first attempt to report wins. Returns the winner.

@@ -437,6 +437,24 @@ impl ServerState {
             }
             flushed.await;
         }
+        // Reused files are cut to this shuffle's data, so that no earlier shuffle's bytes (another
+        // application's, perhaps) stay in them for as long as this shuffle lives. The files are
+        // held (`ends`) while they are cut, so the recycle pool cannot hand one out meanwhile.
+        if !shuffle.deleted.load(Ordering::Acquire) {
+            let ends = shuffle.file_ends();
+            let cut = tokio::task::spawn_blocking(move || crate::storage::cut_stale_tails(&ends))
+                .await
+                .unwrap_or(0);
+            if cut > 0 {
+                tracing::debug!(
+                    app = app_id,
+                    shuffle = shuffle_id,
+                    files = cut,
+                    "reused files cut"
+                );
+            }
+        }
+        shuffle.readable.store(true, Ordering::Release);
         let mut partitions = Vec::new();
         for (pid, p) in shuffle.partitions.iter().enumerate() {
             let p = p.lock();
@@ -463,7 +481,7 @@ impl ServerState {
 
     fn open_stream(&self, o: OpenStream) -> Result<Response, Failure> {
         let shuffle = self.shuffle(&o.app_id, o.shuffle_id)?;
-        if !shuffle.is_committed() {
+        if !shuffle.is_readable() {
             return fail(
                 ErrorCode::ShuffleNotCommitted,
                 format!("shuffle {} of {} is not committed yet", o.shuffle_id, o.app_id),

@@ -236,6 +236,28 @@ impl DataDir {
     }
 }
 
+/// Cuts each file to its end where it is longer: a file taken from the recycle pool keeps an
+/// earlier shuffle's bytes past the new data until then. Returns how many files were cut.
+pub fn cut_stale_tails(files: &[(Arc<File>, u64)]) -> usize {
+    let mut cut = 0;
+    for (file, end) in files {
+        let result = file.metadata().and_then(|m| {
+            if m.len() > *end {
+                file.set_len(*end).map(|()| true)
+            } else {
+                Ok(false)
+            }
+        });
+        match result {
+            Ok(true) => cut += 1,
+            Ok(false) => {}
+            // The stale bytes stay; reads go through the chunk index and never reach them.
+            Err(e) => tracing::warn!(error = %e, end, "cannot cut a reused file to its data"),
+        }
+    }
+    cut
+}
+
 /// The server's data directories.
 #[derive(Debug)]
 pub struct Storage {

@@ -1,5 +1,6 @@
 //! Recycled partition files on a real server: a deleted shuffle's files are reused by the next
-//! shuffle's partitions, its stale bytes are never served, and the pool stays within its cap.
+//! shuffle's partitions, its stale bytes are never served and are cut off at the commit, and the
+//! pool stays within its cap.
 
 mod utils;
 
@@ -63,16 +64,22 @@ async fn a_deleted_shuffles_files_are_reused_and_their_stale_bytes_never_served(
             assert_eq!(ids.len(), 50, "partition {p}: {} records", ids.len());
             assert!(ids.iter().all(|id| id.map == 2 && id.seq % 4 == p), "partition {p}: {ids:?}");
         }
-        // The reused files are longer than shuffle 2's data: the stale tail is really there.
+        // The commit cut the reused files (2 MB of shuffle 1 each) to shuffle 2's data: about
+        // 16 KB per partition, in whole pages. Nothing of shuffle 1 stays in them.
         let files: Vec<_> = files_under(&data)
             .into_iter()
             .filter(|p| p.extension().is_some_and(|e| e == "data"))
             .collect();
         assert_eq!(files.len(), 4, "{files:?}");
         for f in &files {
-            assert!(std::fs::metadata(f).unwrap().len() > 1_000_000, "{f:?} was not a reused file");
+            let len = std::fs::metadata(f).unwrap().len();
+            assert!(len > 0 && len < 64 << 10 && len % 4096 == 0, "{f:?}: {len} bytes");
         }
         client.unregister_shuffle(&a2).await.unwrap();
+        // Back in the pool at their new length.
+        let m = server.metrics().await;
+        let pooled = metric(&m, "sluice_server_recycle_pool_bytes");
+        assert!(pooled > 0.0 && pooled < 4.0 * 65536.0, "{m:?}");
     })
     .await;
 }
