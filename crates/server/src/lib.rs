@@ -60,14 +60,15 @@ impl Handler for ServerHandler {
 
     fn handle(
         &self,
-        _conn: &Arc<ConnInfo>,
+        conn: &Arc<ConnInfo>,
         req: Request,
     ) -> impl Future<Output = Response> + Send + 'static {
         let state = self.state.clone();
+        let max_frame = conn.max_frame_bytes;
         // The permit is what `admit` made: the reservation (it moves into the partition buffers)
         // and the shuffle.
         let admitted = req.permit.and_then(|p| p.downcast::<state::Admitted>().ok()).map(|b| *b);
-        state.dispatch(req.message, req.body, admitted)
+        state.dispatch(req.message, req.body, admitted, max_frame)
     }
 }
 

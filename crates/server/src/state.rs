@@ -163,12 +163,14 @@ impl ServerState {
         }
     }
 
-    /// Handles one request (after admission).
+    /// Handles one request (after admission) from a connection whose frames are at most
+    /// `max_frame` bytes.
     pub async fn dispatch(
         self: Arc<Self>,
         msg: Message,
         body: Bytes,
         admitted: Option<Admitted>,
+        max_frame: u32,
     ) -> Response {
         let result = match msg {
             Message::Ping(_) => Ok(Response::msg(Pong {})),
@@ -191,7 +193,7 @@ impl ServerState {
             Message::RegisterShuffle(r) => self.register_shuffle(r),
             Message::UnregisterShuffle(r) => self.unregister_shuffle(&r.app_id, r.shuffle_id),
             Message::CommitShuffle(c) => self.commit(&c.app_id, c.shuffle_id).await,
-            Message::OpenStream(o) => self.open_stream(o),
+            Message::OpenStream(o) => self.open_stream(o, max_frame),
             Message::FetchChunk(f) => self.fetch_chunk(f),
             Message::CloseStream(c) => {
                 self.streams.lock().remove(&c.stream_id);
@@ -261,6 +263,13 @@ impl ServerState {
                     ErrorCode::StorageFailed,
                     format!("partition {pid} cannot be stored: {why}"),
                 );
+            }
+            // A chunk is at most `chunk_bytes`, or one section alone (which fitted its pusher's
+            // frame): a section that would take a non-empty buffer past the limit sends the
+            // buffer to the flushers first. Otherwise one large section on top of a nearly full
+            // buffer made a chunk larger than any frame, which no reader could fetch.
+            if p.buffer.bytes > 0 && p.buffer.bytes + len as u64 > self.config.chunk_bytes {
+                self.submit_flush(&shuffle, pid, &mut p)?;
             }
             p.buffer.slices.push(body.slice(off..off + len));
             if let Some(r) = &reservation {
@@ -479,7 +488,7 @@ impl ServerState {
         Ok(Response::msg(CommitResult { shuffle_id, partitions }))
     }
 
-    fn open_stream(&self, o: OpenStream) -> Result<Response, Failure> {
+    fn open_stream(&self, o: OpenStream, max_frame: u32) -> Result<Response, Failure> {
         let shuffle = self.shuffle(&o.app_id, o.shuffle_id)?;
         if !shuffle.is_readable() {
             return fail(
@@ -503,6 +512,21 @@ impl ServerState {
             }
             p.chunks.iter().filter(|c| c.has_map_in(o.map_start, o.map_end)).cloned().collect()
         };
+        // Each chunk goes out as one ChunkData frame, which must fit the frames this connection
+        // agreed on: a reader that proposed smaller frames than the writers used would otherwise
+        // fail on the first large chunk, after the stream was opened, with no hint why.
+        let room = (max_frame as u64).saturating_sub(chunk_frame_overhead());
+        if let Some((i, c)) = chunks.iter().enumerate().find(|(_, c)| c.len > room) {
+            return fail(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "chunk {i} of partition {} is {} bytes, over the {max_frame}-byte frames this \
+                     connection agreed on: the client's max_frame_bytes must be at least the \
+                     servers' chunk_bytes plus 1 KiB, and at least the writers' frame size",
+                    o.partition_id, c.len
+                ),
+            );
+        }
         let maps = shuffle.maps.lock();
         if let Some(m) = first_unended_map(&maps, o.map_start, o.map_end.min(shuffle.num_maps)) {
             // A map attempt sends MapperEnd to every server of the shuffle (also when it has no
@@ -621,6 +645,15 @@ impl ServerState {
 
 /// The first map of `[start, end)` with no recorded `MapperEnd`, if any. Costs one pass over the
 /// ended maps, however wide the range.
+/// Bytes of a ChunkData frame besides its body (header and fields).
+fn chunk_frame_overhead() -> u64 {
+    static OVERHEAD: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *OVERHEAD.get_or_init(|| {
+        let m = Message::ChunkData(ChunkData { stream_id: u64::MAX, chunk_index: u32::MAX });
+        sluice_proto::frame::encode_frame(u32::MAX, &m, &[]).len() as u64
+    })
+}
+
 fn first_unended_map(ended: &HashMap<u32, MapEnd>, start: u32, end: u32) -> Option<u32> {
     let want = end.saturating_sub(start) as usize;
     let have = ended.keys().filter(|m| (start..end).contains(*m)).count();

@@ -214,7 +214,7 @@ async fn handshake(
     };
     let reply = encode_frame(h.request_id, &Message::HandshakeOk(ok), &[]);
     let app_id = (!hs.app_id.is_empty()).then_some(hs.app_id);
-    Ok((Arc::new(ConnInfo { id, peer, app_id }), max_frame, reply))
+    Ok((Arc::new(ConnInfo { id, peer, app_id, max_frame_bytes: max_frame }), max_frame, reply))
 }
 
 /// Compares secrets without an early exit on the first differing byte.

@@ -81,6 +81,8 @@ pub struct ConnInfo {
     pub peer: SocketAddr,
     /// The application id from the handshake, when the client gave one.
     pub app_id: Option<String>,
+    /// The `max_frame_bytes` the handshake settled on: no response to this peer may be larger.
+    pub max_frame_bytes: u32,
 }
 
 /// The application above the transport (the shuffle server, the coordinator).

@@ -170,6 +170,11 @@ public final class ShuffleWriterClient implements AutoCloseable {
     this.headroom = FrameHeader.HEADER_BYTES + PushMerged.fieldsBytes(appId, MAX_SECTIONS);
   }
 
+  /** The largest batch payload {@link #addBatch(int, ByteBuf)} takes: one frame's worth. */
+  public int maxBatchPayload() {
+    return maxBatchPayload;
+  }
+
   /** {@link #addBatch(int, ByteBuf)} for a byte array. */
   public void addBatch(int partition, byte[] payload) {
     addBatch(partition, payload, 0, payload.length);

@@ -5,6 +5,7 @@ import io.netty.buffer.ByteBufInputStream;
 import io.sluice.client.ShuffleReaderClient;
 import io.sluice.client.SluiceException;
 import io.sluice.client.TransportClientFactory;
+import io.sluice.protocol.ErrorCode;
 import java.io.InputStream;
 import java.util.concurrent.TimeUnit;
 import org.apache.spark.Aggregator;
@@ -178,6 +179,11 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
         if (context.isInterrupted()) {
           // Killed (a losing speculative copy, a cancelled job): its read failing says nothing
           // about the data, so no report and no FetchFailed; Spark records TaskKilled.
+          throw e;
+        }
+        if (e.code() == ErrorCode.INVALID_REQUEST) {
+          // A request the servers refuse as such (a chunk larger than this client's frames, say)
+          // is a setting to fix, not lost data: re-running the map stage would not help.
           throw e;
         }
         generations.reportLost(generation, e.toString());

@@ -3,6 +3,7 @@ package io.sluice.spark;
 import io.sluice.client.ShuffleWriterClient;
 import io.sluice.client.SluiceException;
 import io.sluice.client.TransportClientFactory;
+import io.sluice.protocol.ErrorCode;
 import java.io.IOException;
 import java.io.OutputStream;
 import org.apache.spark.Partitioner;
@@ -213,6 +214,15 @@ final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
     ShuffleBlockId blockId = new ShuffleBlockId(dep.shuffleId(), context.taskAttemptId(), p);
     try (OutputStream out = serializerManager.wrapStream(blockId, compressed)) {
       buffers.drainTo(p, out, release);
+    }
+    if (compressed.size() > client.maxBatchPayload()) {
+      // A batch is cut at the first record past partitionBufferBytes, so only a single record
+      // (serialized and compressed) this large gets here.
+      throw new SluiceException(ErrorCode.INVALID_REQUEST, "map " + mapIndex() + " of shuffle "
+          + dep.shuffleId() + ": a record of partition " + p + " takes " + compressed.size()
+          + " bytes serialized, over the " + client.maxBatchPayload() + " one batch may hold;"
+          + " records this large need spark.sluice.client.maxFrameBytes and the servers'"
+          + " transport.max_frame_bytes (both up to 1g) raised above their size");
     }
     long start = System.nanoTime();
     // The client copies the bytes into its per-server frame, so the scratch buffer is reused.

@@ -1,0 +1,106 @@
+"""Settings users commonly change, through Sluice: the serializer, the compression codec, the
+frame size, and records larger than the plugin's buffers or than one frame.
+
+- `kryo-zstd`: `spark.serializer` Kryo (the writer's relocation path for RDD shuffles) and the
+  zstd codec.
+- `8m-frames`: `spark.sluice.client.maxFrameBytes` 8m and no shuffle compression: a record of
+  9 MB cannot fit one batch, and the task must fail with an error that names the settings to
+  raise, not hang or lose the record.
+- `1m-frames`: frames smaller than the servers' 4 MiB chunks: reading a partition whose chunks
+  are larger must fail with an error that says so, and not re-run the map stage for it.
+
+Every result is checked against values computed here, in Python.
+"""
+
+import hashlib
+import operator
+import random
+
+import pytest
+
+from conftest import MODES, sluice_app
+
+SETTINGS = {
+    "kryo-zstd": {
+        "spark.serializer": "org.apache.spark.serializer.KryoSerializer",
+        "spark.io.compression.codec": "zstd",
+    },
+    "8m-frames": {
+        "spark.sluice.client.maxFrameBytes": "8m",
+        "spark.shuffle.compress": "false",
+    },
+    "1m-frames": {
+        "spark.sluice.client.maxFrameBytes": "1m",
+        "spark.sluice.client.pushBatchBytes": "256k",
+        "spark.shuffle.compress": "false",
+    },
+}
+
+
+@pytest.fixture(scope="module", params=sorted(SETTINGS))
+def tuned_app(request, sluice_cluster, spark_cluster):
+    if "sluice" not in MODES:
+        pytest.skip("Sluice mode not selected")
+    with sluice_app(f"sluice-settings-{request.param}", sluice_cluster, spark_cluster,
+                    SETTINGS[request.param]) as spark:
+        yield request.param, spark
+
+
+def blob(i, n):
+    """`n` incompressible bytes, the same for the same `i`."""
+    return random.Random(i).randbytes(n)
+
+
+def test_rdd_aggregations(tuned_app):
+    _, spark = tuned_app
+    sc = spark.sparkContext
+    n, keys = 40_000, 23
+    pairs = sc.parallelize(range(n), 4).map(lambda x: (x % keys, x))
+    assert sorted(pairs.reduceByKey(operator.add, 5).collect()) == sorted(
+        {k: sum(x for x in range(n) if x % keys == k) for k in range(keys)}.items())
+    grouped = pairs.groupByKey(3).mapValues(sorted).collect()
+    assert sorted(grouped) == [(k, list(range(k, n, keys))) for k in range(keys)]
+    words = sc.parallelize([f"w{(x * 7919) % 5000:05d}" for x in range(n)], 4)
+    assert words.sortBy(lambda w: w, numPartitions=6).collect() == sorted(
+        f"w{(x * 7919) % 5000:05d}" for x in range(n))
+
+
+def test_records_larger_than_the_buffers(tuned_app):
+    # 600 KB rows: far over the 2 KiB partition buffer the tests set, under one frame.
+    mode, spark = tuned_app
+    if mode == "1m-frames":
+        pytest.skip("3.6 MB per partition makes chunks larger than 1 MiB frames")
+    rows = [(i % 4, i, bytearray(blob(i, 600_000))) for i in range(24)]
+    got = (spark.createDataFrame(rows, "k long, i long, b binary")
+           .repartition(4, "k").collect())
+    assert sorted((r.i, r.k, hashlib.sha256(r.b).hexdigest()) for r in got) == [
+        (i, i % 4, hashlib.sha256(blob(i, 600_000)).hexdigest()) for i in range(24)]
+
+
+def test_a_record_over_one_frame_fails_with_the_settings_to_raise(tuned_app):
+    mode, spark = tuned_app
+    if mode != "8m-frames":
+        pytest.skip("needs the 8 MiB frames")
+    df = spark.createDataFrame([(0, bytearray(blob(7, 9_000_000)))], "k long, b binary")
+    with pytest.raises(Exception) as failed:
+        df.repartition(2, "k").collect()
+    message = str(failed.value)
+    assert "spark.sluice.client.maxFrameBytes" in message, message[:2000]
+    assert "transport.max_frame_bytes" in message, message[:2000]
+    # The application is still usable afterwards.
+    assert spark.range(100).repartition(3).count() == 100
+
+
+def test_chunks_larger_than_the_readers_frames_fail_clearly(tuned_app):
+    mode, spark = tuned_app
+    if mode != "1m-frames":
+        pytest.skip("needs frames smaller than the servers' chunks")
+    # 100 000 rows of 128 characters into 2 partitions: ~6.5 MB each, in 4 MiB chunks.
+    df = spark.range(100_000).selectExpr("id % 2 AS k", "sha2(CAST(id AS STRING), 512) AS s")
+    with pytest.raises(Exception) as failed:
+        df.repartition(2, "k").selectExpr("count(*)").collect()
+    message = str(failed.value)
+    assert "INVALID_REQUEST" in message and "chunk_bytes" in message, message[:2000]
+    # A configuration error, not lost data: no map stage ran again for it.
+    assert "FetchFailed" not in message, message[:2000]
+    assert spark.range(100).repartition(3).count() == 100
