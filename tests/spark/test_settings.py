@@ -8,6 +8,10 @@ frame size, and records larger than the plugin's buffers or than one frame.
   raise, not hang or lose the record.
 - `1m-frames`: frames smaller than the servers' 4 MiB chunks: reading a partition whose chunks
   are larger must fail with an error that says so, and not re-run the map stage for it.
+- `spark-defaults`: the SQL settings the other tests change put back to Spark's defaults: AQE
+  coalesces small reduce partitions (a reader over a range of partitions) and turns a sort-merge
+  join whose side turned out small into a broadcast join that reads the other side's map output
+  with the local shuffle reader (a reader over a range of maps, every partition).
 
 Every result is checked against values computed here, in Python.
 """
@@ -28,6 +32,13 @@ SETTINGS = {
     "8m-frames": {
         "spark.sluice.client.maxFrameBytes": "8m",
         "spark.shuffle.compress": "false",
+    },
+    "spark-defaults": {
+        "spark.sql.autoBroadcastJoinThreshold": "10m",
+        "spark.sql.adaptive.coalescePartitions.enabled": "true",
+        "spark.sql.adaptive.advisoryPartitionSizeInBytes": "64m",
+        "spark.sql.adaptive.skewJoin.skewedPartitionThresholdInBytes": "256m",
+        "spark.sql.shuffle.partitions": "20",
     },
     "1m-frames": {
         "spark.sluice.client.maxFrameBytes": "1m",
@@ -104,3 +115,31 @@ def test_chunks_larger_than_the_readers_frames_fail_clearly(tuned_app):
     # A configuration error, not lost data: no map stage ran again for it.
     assert "FetchFailed" not in message, message[:2000]
     assert spark.range(100).repartition(3).count() == 100
+
+
+def test_aqe_coalesced_and_local_shuffle_reads(tuned_app):
+    mode, spark = tuned_app
+    if mode != "spark-defaults":
+        pytest.skip("needs Spark's AQE defaults")
+    n = 2_000_000
+    # Estimated at 32 MB each, over the 10 MB broadcast threshold: planned as a sort-merge join.
+    # The right side's filter leaves 500 rows, so once its shuffle has run AQE broadcasts it and
+    # reads the left side's shuffle output map by map, without a reduce-side shuffle read.
+    left = spark.range(n).selectExpr("id", "id % 1000 AS k")
+    right = spark.range(n).selectExpr("id AS k", "id * 3 AS v").where("k % 2 = 0 AND k < 1000")
+    joined = left.join(right, "k").selectExpr("count(*) AS c", "sum(v) AS s", "sum(id) AS t")
+    row = joined.collect()[0]
+    plan = joined._jdf.queryExecution().executedPlan().toString()
+    # Rows whose k is even: half of them.
+    even = [i for i in range(0, 1000, 2)]
+    assert row.c == n // 2
+    assert row.s == sum(k * 3 * (n // 1000) for k in even)
+    assert row.t == sum(i for i in range(n) if i % 1000 % 2 == 0)
+    assert "BroadcastHashJoin" in plan and "local" in plan, plan
+
+    # 20 shuffle partitions of a few KB each: AQE coalesces them, so one reader reads a range.
+    counts = (spark.range(100_000).selectExpr("id % 97 AS g").groupBy("g").count())
+    got = sorted((r.g, r["count"]) for r in counts.collect())
+    assert got == [(g, len(range(g, 100_000, 97))) for g in range(97)]
+    plan = counts._jdf.queryExecution().executedPlan().toString()
+    assert "coalesced" in plan, plan
