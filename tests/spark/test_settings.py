@@ -12,6 +12,9 @@ frame size, and records larger than the plugin's buffers or than one frame.
   coalesces small reduce partitions (a reader over a range of partitions) and turns a sort-merge
   join whose side turned out small into a broadcast join that reads the other side's map output
   with the local shuffle reader (a reader over a range of maps, every partition).
+- `2000-partitions`: AQE off and 2000 shuffle partitions, of which a job fills 97: the reduce
+  tasks of the empty ones must not ask the servers for anything (Spark's map statuses say they are
+  empty, as its own reader trusts).
 
 Every result is checked against values computed here, in Python.
 """
@@ -40,6 +43,10 @@ SETTINGS = {
         "spark.sql.adaptive.skewJoin.skewedPartitionThresholdInBytes": "256m",
         "spark.sql.shuffle.partitions": "20",
     },
+    "2000-partitions": {
+        "spark.sql.adaptive.enabled": "false",
+        "spark.sql.shuffle.partitions": "2000",
+    },
     "1m-frames": {
         "spark.sluice.client.maxFrameBytes": "1m",
         "spark.sluice.client.pushBatchBytes": "256k",
@@ -54,7 +61,7 @@ def tuned_app(request, sluice_cluster, spark_cluster):
         pytest.skip("Sluice mode not selected")
     with sluice_app(f"sluice-settings-{request.param}", sluice_cluster, spark_cluster,
                     SETTINGS[request.param]) as spark:
-        yield request.param, spark
+        yield request.param, spark, sluice_cluster
 
 
 def blob(i, n):
@@ -63,7 +70,7 @@ def blob(i, n):
 
 
 def test_rdd_aggregations(tuned_app):
-    _, spark = tuned_app
+    _, spark, _ = tuned_app
     sc = spark.sparkContext
     n, keys = 40_000, 23
     pairs = sc.parallelize(range(n), 4).map(lambda x: (x % keys, x))
@@ -78,7 +85,7 @@ def test_rdd_aggregations(tuned_app):
 
 def test_records_larger_than_the_buffers(tuned_app):
     # 600 KB rows: far over the 2 KiB partition buffer the tests set, under one frame.
-    mode, spark = tuned_app
+    mode, spark, _ = tuned_app
     if mode == "1m-frames":
         pytest.skip("3.6 MB per partition makes chunks larger than 1 MiB frames")
     rows = [(i % 4, i, bytearray(blob(i, 600_000))) for i in range(24)]
@@ -89,7 +96,7 @@ def test_records_larger_than_the_buffers(tuned_app):
 
 
 def test_a_record_over_one_frame_fails_with_the_settings_to_raise(tuned_app):
-    mode, spark = tuned_app
+    mode, spark, _ = tuned_app
     if mode != "8m-frames":
         pytest.skip("needs the 8 MiB frames")
     df = spark.createDataFrame([(0, bytearray(blob(7, 9_000_000)))], "k long, b binary")
@@ -103,7 +110,7 @@ def test_a_record_over_one_frame_fails_with_the_settings_to_raise(tuned_app):
 
 
 def test_chunks_larger_than_the_readers_frames_fail_clearly(tuned_app):
-    mode, spark = tuned_app
+    mode, spark, _ = tuned_app
     if mode != "1m-frames":
         pytest.skip("needs frames smaller than the servers' chunks")
     # 100 000 rows of 128 characters into 2 partitions: ~6.5 MB each, in 4 MiB chunks.
@@ -118,7 +125,7 @@ def test_chunks_larger_than_the_readers_frames_fail_clearly(tuned_app):
 
 
 def test_aqe_coalesced_and_local_shuffle_reads(tuned_app):
-    mode, spark = tuned_app
+    mode, spark, _ = tuned_app
     if mode != "spark-defaults":
         pytest.skip("needs Spark's AQE defaults")
     n = 2_000_000
@@ -143,3 +150,18 @@ def test_aqe_coalesced_and_local_shuffle_reads(tuned_app):
     assert got == [(g, len(range(g, 100_000, 97))) for g in range(97)]
     plan = counts._jdf.queryExecution().executedPlan().toString()
     assert "coalesced" in plan, plan
+
+
+def test_empty_reduce_partitions_ask_the_servers_nothing(tuned_app):
+    mode, spark, cluster = tuned_app
+    if mode != "2000-partitions":
+        pytest.skip("needs 2000 shuffle partitions")
+    df = spark.range(100_000).selectExpr("id % 97 AS g").groupBy("g").count()
+    before = cluster.counters()
+    got = sorted((r.g, r["count"]) for r in df.collect())
+    opened = (cluster.counters()["sluice_server_streams_opened_total"]
+              - before["sluice_server_streams_opened_total"])
+    assert got == [(g, len(range(g, 100_000, 97))) for g in range(97)]
+    # One stream per non-empty partition (97 at most; a speculative copy may add a few), not
+    # one per reduce task (2000).
+    assert 0 < opened <= 97 + 20, f"{opened} streams opened for 97 non-empty partitions"

@@ -78,7 +78,15 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
   @Override
   @SuppressWarnings({"unchecked", "rawtypes"})
   public Iterator<Product2<K, C>> read() {
-    checkOutputsAreIn(handle.generation());
+    if (!checkOutputsAreIn(handle.generation())) {
+      // Spark's map statuses give every block of this read size 0 (they record empty blocks
+      // exactly, highly compressed ones too): nothing to fetch, and Spark's own reader fetches
+      // nothing either. With many small partitions (AQE off, shuffle.partitions in the
+      // thousands) most reduce tasks are such reads.
+      context.taskMetrics().mergeShuffleReadMetrics();
+      Iterator<Product2<K, C>> none = (Iterator) scala.collection.Iterator$.MODULE$.empty();
+      return new InterruptibleIterator<>(context, none);
+    }
     ShuffleGeneration generation;
     try {
       generation = generations.forReader(handle);
@@ -118,14 +126,19 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
    * in it. Such a task fails with FetchFailed naming the outputs' generation, so Spark drops them
    * and re-runs the maps into the current one. (Also the fetch of the map statuses that Spark's
    * own reader does: a missing output throws Spark's MetadataFetchFailedException.)
+   *
+   * @return whether any map output of the read is non-empty (Spark lists a location only for
+   *     blocks whose size is not 0)
    */
   @SuppressWarnings({"unchecked", "rawtypes"})
-  private void checkOutputsAreIn(ShuffleGeneration g) {
+  private boolean checkOutputsAreIn(ShuffleGeneration g) {
     Iterator<Tuple2<BlockManagerId, ?>> locations = (Iterator) SparkEnv.get().mapOutputTracker()
         .getMapSizesByExecutorId(handle.shuffleId(), startMapIndex, endMapIndex, startPartition,
             endPartition);
     String expected = g.outputExecutorId();
+    boolean any = false;
     while (locations.hasNext()) {
+      any = true;
       BlockManagerId at = locations.next()._1();
       if (!expected.equals(at.executorId())) {
         LOG.warn("Spark's map outputs of shuffle {} are under {}, but the task reads {}",
@@ -135,6 +148,7 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
             + at.executorId() + " but the current data is " + g, null));
       }
     }
+    return any;
   }
 
   /** See {@link SluiceLocations#fetchFailed}. */
