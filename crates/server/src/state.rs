@@ -643,8 +643,6 @@ impl ServerState {
     }
 }
 
-/// The first map of `[start, end)` with no recorded `MapperEnd`, if any. Costs one pass over the
-/// ended maps, however wide the range.
 /// Bytes of a ChunkData frame besides its body (header and fields).
 fn chunk_frame_overhead() -> u64 {
     static OVERHEAD: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
@@ -654,6 +652,8 @@ fn chunk_frame_overhead() -> u64 {
     })
 }
 
+/// The first map of `[start, end)` with no recorded `MapperEnd`, if any. Costs one pass over the
+/// ended maps, however wide the range.
 fn first_unended_map(ended: &HashMap<u32, MapEnd>, start: u32, end: u32) -> Option<u32> {
     let want = end.saturating_sub(start) as usize;
     let have = ended.keys().filter(|m| (start..end).contains(*m)).count();
