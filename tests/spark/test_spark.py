@@ -216,6 +216,47 @@ def test_speculation_with_straggler(app):
     assert list(scratch.glob("spec-map-0-attempt-[1-9]*"))
 
 
+def test_map_outputs_replaced_in_spark_are_read_as_registered(app):
+    """Every map of a stage ran and ended; then Spark dropped the outputs from its tracker (as it
+    does when an indeterminate stage is rolled back) and ran every map again, and this time the
+    maps wrote elsewhere (their input changed: here a file they read). Reducers must read the
+    outputs Spark registered last, the re-run's, as its own reader does, though the first
+    attempts were the first to end on the Sluice servers."""
+    scratch = app.scratch
+    phase = scratch / "rerun-phase"
+
+    def job(a):
+        from pyspark import TaskContext
+
+        def tagged(index, it):
+            key = int(phase.read_text())  # partition 0 on the first run, 1 on the re-run
+            task = TaskContext.get().taskAttemptId()
+            _marker(scratch, f"rerun-map-{index}-key-{key}-task-{task}")
+            for x in it:
+                yield (key, x)
+
+        phase.write_text("0")
+        shuffled = a.sc.parallelize(range(N), 4).mapPartitionsWithIndex(tagged).partitionBy(
+            2, lambda k: k)
+        # PythonRDD.valueOfPair(ShuffledRDD): the ShuffledRDD's dependency is the shuffle.
+        dep = shuffled._jrdd.rdd().dependencies().head().rdd().dependencies().head()
+        a.sc._jsc.sc().submitMapStage(dep).get()  # the map stage alone: nothing is read
+        # The tracker through its field: py4j's lookup of SparkEnv's methods loads classes that
+        # pyspark does not ship (protobuf).
+        env = a.sc._jsc.sc().env()
+        env_class = a.sc._jvm.java.lang.Class.forName("org.apache.spark.SparkEnv")
+        field = env_class.getDeclaredField("mapOutputTracker")
+        field.setAccessible(True)
+        field.get(env).unregisterAllMapAndMergeOutput(dep.shuffleId())
+        phase.write_text("1")
+        return sorted(shuffled.collect())
+    result = run(app, "map_outputs_replaced_in_spark_are_read_as_registered", job)
+    assert result == [(1, x) for x in range(N)]
+    for key in (0, 1):
+        ran = list(scratch.glob(f"rerun-map-*-key-{key}-task-*"))
+        assert len(ran) >= 4, f"{len(ran)} maps ran with key {key}: {ran}"
+
+
 def test_checker_rejects_a_wrong_result(app):
     """The comparison catches a wrong answer: one dropped row, one changed value, one swap."""
     def job(a):

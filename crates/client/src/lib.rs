@@ -378,7 +378,23 @@ impl ShuffleClient {
         map_start: u32,
         map_end: u32,
     ) -> Result<PartitionReader, ClientError> {
-        PartitionReader::open(self.clone(), a, partition, map_start, map_end).await
+        PartitionReader::open(self.clone(), a, partition, map_start, map_end, Vec::new()).await
+    }
+
+    /// A reader of one partition that reads exactly the given map attempts (`map_id`s ascending,
+    /// inside `[map_start, map_end)`) and no other map of the range, whichever attempt of a map
+    /// ended first on the servers: for an engine that chose the attempts itself, as Spark's map
+    /// statuses do. Each one must have ended and pushed to the partition on the server that
+    /// is read, or the read fails with `DATA_LOST`.
+    pub async fn reader_of_attempts(
+        &self,
+        a: &Assignment,
+        partition: u32,
+        map_start: u32,
+        map_end: u32,
+        attempts: Vec<MapAttempt>,
+    ) -> Result<PartitionReader, ClientError> {
+        PartitionReader::open(self.clone(), a, partition, map_start, map_end, attempts).await
     }
 }
 

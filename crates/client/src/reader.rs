@@ -50,7 +50,23 @@ impl PartitionReader {
         partition: u32,
         map_start: u32,
         map_end: u32,
+        attempts: Vec<MapAttempt>,
     ) -> Result<Self, ClientError> {
+        let mut next = map_start;
+        if let Some(m) = attempts.iter().find(|m| {
+            let bad = m.map_id < next || m.map_id >= map_end;
+            next = m.map_id.saturating_add(1);
+            bad
+        }) {
+            return Err(ClientError::Server {
+                code: ErrorCode::InvalidRequest,
+                message: format!(
+                    "map {} of the attempts to read is out of order or outside [{map_start}, \
+                     {map_end})",
+                    m.map_id
+                ),
+            });
+        }
         if map_start > map_end {
             // Sent as is, the server's decoder would call the frame malformed and close a shared
             // connection; this is the caller's mistake, so say so here.
@@ -71,6 +87,7 @@ impl PartitionReader {
             partition_id: partition,
             map_start,
             map_end,
+            attempts,
         };
         let mut current = 0;
         let handle = loop {

@@ -140,6 +140,8 @@ wire_struct! {
 }
 wire_struct! { /// The attempt that won for the map of a [`MapperEnd`].
 pub struct MapperEndResult { pub winning_attempt: u32 } }
+wire_struct! { /// One map attempt a reader asks for (see [`OpenStream::attempts`]).
+pub struct MapAttempt { pub map_id: u32, pub attempt_id: u32 } }
 wire_struct! {
     /// Open a read stream over maps `[map_start, map_end)` of one partition.
     pub struct OpenStream {
@@ -148,6 +150,10 @@ wire_struct! {
         pub partition_id: u32,
         pub map_start: u32,
         pub map_end: u32,
+        /// Empty: read each map's winning attempt (the first to end). Otherwise read exactly
+        /// these attempts, map ids ascending and inside the range, and no other map of the
+        /// range: what an engine that chose its own attempts (Spark's map statuses) asks for.
+        pub attempts: Vec<MapAttempt>,
     }
 }
 wire_struct! { /// A map's winning attempt and how many batches it pushed to the partition.
@@ -294,8 +300,19 @@ impl Message {
                     return Err(ProtoError::Malformed("assignment index outside the server list"));
                 }
             }
-            Message::OpenStream(o) if o.map_start > o.map_end => {
-                return Err(ProtoError::Malformed("map range start after end"));
+            Message::OpenStream(o) => {
+                if o.map_start > o.map_end {
+                    return Err(ProtoError::Malformed("map range start after end"));
+                }
+                let mut next = o.map_start; // lowest map id the next entry may name
+                for a in &o.attempts {
+                    if a.map_id < next || a.map_id >= o.map_end {
+                        return Err(ProtoError::Malformed(
+                            "stream attempts not ascending or outside the map range",
+                        ));
+                    }
+                    next = a.map_id + 1;
+                }
             }
             _ => {}
         }
@@ -355,8 +372,14 @@ mod tests {
                     a.partitions.clear();
                 }
             }
-            Message::OpenStream(o) if o.map_start > o.map_end => {
-                std::mem::swap(&mut o.map_start, &mut o.map_end);
+            Message::OpenStream(o) => {
+                if o.map_start > o.map_end {
+                    std::mem::swap(&mut o.map_start, &mut o.map_end);
+                }
+                let range = o.map_start..o.map_end;
+                o.attempts.retain(|a| range.contains(&a.map_id));
+                o.attempts.sort_unstable_by_key(|a| a.map_id);
+                o.attempts.dedup_by_key(|a| a.map_id);
             }
             Message::PushMerged(p) => p.entries.iter_mut().for_each(|s| {
                 s.offset = 0;

@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
+use sluice_proto::message::MapAttempt;
 use tokio::sync::Notify;
 
 use crate::flusher::padded_len;
@@ -34,6 +35,15 @@ impl Chunk {
     pub fn has_map_in(&self, start: u32, end: u32) -> bool {
         let i = self.maps.partition_point(|m| *m < start);
         self.maps.get(i).is_some_and(|m| *m < end)
+    }
+
+    /// Whether the chunk holds a batch of one of `attempts`' maps (ascending map ids).
+    pub fn has_any_map(&self, attempts: &[MapAttempt]) -> bool {
+        if self.maps.len() <= attempts.len() {
+            self.maps.iter().any(|m| attempts.binary_search_by_key(m, |a| a.map_id).is_ok())
+        } else {
+            attempts.iter().any(|a| self.maps.binary_search(&a.map_id).is_ok())
+        }
     }
 }
 
@@ -70,12 +80,29 @@ pub struct Partition {
     pub lost: Option<String>,
 }
 
-/// What a winning map attempt reported.
+/// What a map's attempts reported in `MapperEnd`: the winner's (the first to arrive), and the
+/// later attempts', which are read only when a reader names them (`OpenStream::attempts`).
 #[derive(Debug, Clone)]
 pub struct MapEnd {
     pub attempt_id: u32,
     /// partition → batches pushed there.
     pub batches: HashMap<u32, u32>,
+    /// Later attempts, in arrival order: (attempt, partition → batches).
+    pub later: Vec<(u32, HashMap<u32, u32>)>,
+}
+
+/// How many later attempts of one map a server remembers; an engine makes a handful (retries,
+/// speculative copies, stage re-runs), so more means a misbehaving client.
+pub const MAX_LATER_ATTEMPTS: usize = 64;
+
+impl MapEnd {
+    /// The batches per partition that `attempt` reported, if it ended here.
+    pub fn batches_of(&self, attempt: u32) -> Option<&HashMap<u32, u32>> {
+        if attempt == self.attempt_id {
+            return Some(&self.batches);
+        }
+        self.later.iter().find(|(a, _)| *a == attempt).map(|(_, b)| b)
+    }
 }
 
 /// A registered shuffle.
@@ -146,12 +173,31 @@ impl Shuffle {
         ends.into_values().collect()
     }
 
-    /// Records a map attempt's end; the first attempt to report wins. Returns the winner.
+    /// Records a map attempt's end; the first attempt to report wins. A later attempt is kept
+    /// beside it (once; a repeated `MapperEnd` of an attempt changes nothing). Returns the
+    /// winner.
     pub fn mapper_end(&self, map_id: u32, attempt_id: u32, counts: &[(u32, u32)]) -> u32 {
+        let batches = || counts.iter().copied().collect();
         let mut maps = self.maps.lock();
-        maps.entry(map_id)
-            .or_insert_with(|| MapEnd { attempt_id, batches: counts.iter().copied().collect() })
-            .attempt_id
+        let e = maps.entry(map_id).or_insert_with(|| MapEnd {
+            attempt_id,
+            batches: batches(),
+            later: Vec::new(),
+        });
+        if e.batches_of(attempt_id).is_none() {
+            if e.later.len() < MAX_LATER_ATTEMPTS {
+                e.later.push((attempt_id, batches()));
+            } else {
+                tracing::warn!(
+                    app = %self.app_id,
+                    shuffle = self.shuffle_id,
+                    map = map_id,
+                    attempt = attempt_id,
+                    "too many attempts of one map ended; this one is not kept"
+                );
+            }
+        }
+        e.attempt_id
     }
 
     /// Path of a partition's n-th file inside a data directory.
@@ -236,6 +282,14 @@ mod tests {
         assert!(c.has_map_in(7, 8));
         assert!(!c.has_map_in(10, 20));
         assert!(!c.has_map_in(5, 5));
+        let named = |ids: &[u32]| -> Vec<MapAttempt> {
+            ids.iter().map(|&map_id| MapAttempt { map_id, attempt_id: 0 }).collect()
+        };
+        assert!(c.has_any_map(&named(&[7])));
+        assert!(c.has_any_map(&named(&[0, 1, 2, 4, 9])), "more names than maps");
+        assert!(!c.has_any_map(&named(&[0, 4, 8, 10])));
+        assert!(!c.has_any_map(&named(&[8])), "fewer names than maps");
+        assert!(!c.has_any_map(&[]));
     }
 
     #[test]
@@ -243,7 +297,18 @@ mod tests {
         let s = Shuffle::new("../evil/app", 1, 2, 2);
         assert_eq!(s.mapper_end(0, 1, &[(0, 2)]), 1);
         assert_eq!(s.mapper_end(0, 0, &[(0, 5)]), 1);
-        assert_eq!(s.maps.lock()[&0].batches[&0], 2);
+        assert_eq!(s.mapper_end(0, 0, &[(0, 9)]), 1, "a repeated MapperEnd changes nothing");
+        assert_eq!(s.mapper_end(0, 1, &[(0, 9)]), 1);
+        let maps = s.maps.lock();
+        assert_eq!(maps[&0].batches[&0], 2);
+        assert_eq!(maps[&0].batches_of(0).map(|b| b[&0]), Some(5), "the later attempt is kept");
+        assert_eq!(maps[&0].batches_of(1).map(|b| b[&0]), Some(2));
+        assert!(maps[&0].batches_of(2).is_none());
+        drop(maps);
+        for a in 2..2 + MAX_LATER_ATTEMPTS as u32 {
+            s.mapper_end(0, a, &[]);
+        }
+        assert_eq!(s.maps.lock()[&0].later.len(), MAX_LATER_ATTEMPTS, "bounded");
         assert_eq!(sanitize("../evil/app"), "___evil_app");
     }
 }

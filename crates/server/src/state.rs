@@ -355,21 +355,18 @@ impl ServerState {
                 format!("map {} of a {}-map shuffle", m.map_id, shuffle.num_maps),
             );
         }
-        let known = shuffle.maps.lock().get(&m.map_id).map(|e| e.attempt_id);
-        let winner = match known {
-            Some(w) => w,
-            None if shuffle.is_committed() => {
-                return fail(
-                    ErrorCode::ShuffleCommitted,
-                    format!("map {} ended after the commit", m.map_id),
-                )
-            }
-            None => {
-                let counts: Vec<_> =
-                    m.batch_counts.iter().map(|c| (c.partition_id, c.batches)).collect();
-                shuffle.mapper_end(m.map_id, m.attempt_id, &counts)
-            }
-        };
+        // A map that had no end before the commit never will (the commit needs every map), but
+        // a later attempt of an ended map is still recorded: its pushes were all acknowledged,
+        // so before the commit, and a reader may name it (`OpenStream::attempts`).
+        let known = shuffle.maps.lock().contains_key(&m.map_id);
+        if !known && shuffle.is_committed() {
+            return fail(
+                ErrorCode::ShuffleCommitted,
+                format!("map {} ended after the commit", m.map_id),
+            );
+        }
+        let counts: Vec<_> = m.batch_counts.iter().map(|c| (c.partition_id, c.batches)).collect();
+        let winner = shuffle.mapper_end(m.map_id, m.attempt_id, &counts);
         Ok(Response::msg(MapperEndResult { winning_attempt: winner }))
     }
 
@@ -510,7 +507,11 @@ impl ServerState {
                     format!("partition {} lost: {why}", o.partition_id),
                 );
             }
-            p.chunks.iter().filter(|c| c.has_map_in(o.map_start, o.map_end)).cloned().collect()
+            if o.attempts.is_empty() {
+                p.chunks.iter().filter(|c| c.has_map_in(o.map_start, o.map_end)).cloned().collect()
+            } else {
+                p.chunks.iter().filter(|c| c.has_any_map(&o.attempts)).cloned().collect()
+            }
         };
         // Each chunk goes out as one ChunkData frame, which must fit the frames this connection
         // agreed on: a reader that proposed smaller frames than the writers used would otherwise
@@ -527,34 +528,37 @@ impl ServerState {
                 ),
             );
         }
-        let maps = shuffle.maps.lock();
-        if let Some(m) = first_unended_map(&maps, o.map_start, o.map_end.min(shuffle.num_maps)) {
-            // A map attempt sends MapperEnd to every server of the shuffle (also when it has no
-            // output) except those its writer gave up on, and a shuffle is committed once every
-            // map has ended. A map without one here is one whose writer gave up on this server
-            // part-way and went on with the other copy: what this server holds of it is
-            // incomplete and must never be served as complete. The reader fails over.
+        if let Some(a) = o.attempts.last().filter(|a| a.map_id >= shuffle.num_maps) {
             return fail(
-                ErrorCode::DataLost,
-                format!(
-                    "map {m} of shuffle {} of {} has no MapperEnd on this server: its copy of \
-                     partition {} is incomplete",
-                    o.shuffle_id, o.app_id, o.partition_id
-                ),
+                ErrorCode::InvalidRequest,
+                format!("map {} of a {}-map shuffle", a.map_id, shuffle.num_maps),
             );
         }
-        let mut committed: Vec<CommittedMap> = maps
-            .iter()
-            .filter(|(m, _)| (o.map_start..o.map_end).contains(*m))
-            .filter_map(|(m, e)| {
-                let batches = *e.batches.get(&o.partition_id)?;
-                (batches > 0).then_some(CommittedMap {
-                    map_id: *m,
-                    attempt_id: e.attempt_id,
-                    batches,
-                })
-            })
-            .collect();
+        let maps = shuffle.maps.lock();
+        let mut committed = if o.attempts.is_empty() {
+            if let Some(m) = first_unended_map(&maps, o.map_start, o.map_end.min(shuffle.num_maps))
+            {
+                // A map attempt sends MapperEnd to every server of the shuffle (also when it has no
+                // output) except those its writer gave up on, and a shuffle is committed once every
+                // map has ended. A map without one here is one whose writer gave up on this server
+                // part-way and went on with the other copy: what this server holds of it is
+                // incomplete and must never be served as complete. The reader fails over.
+                return fail(
+                    ErrorCode::DataLost,
+                    format!(
+                        "map {m} of shuffle {} of {} has no MapperEnd on this server: its copy of \
+                         partition {} is incomplete",
+                        o.shuffle_id, o.app_id, o.partition_id
+                    ),
+                );
+            }
+            winners(&maps, &o)
+        } else {
+            match named_attempts(&maps, &o) {
+                Ok(c) => c,
+                Err(why) => return fail(ErrorCode::DataLost, why),
+            }
+        };
         drop(maps);
         committed.sort_unstable_by_key(|c| c.map_id);
         let stream_id = self.next_stream.fetch_add(1, Ordering::Relaxed);
@@ -654,6 +658,50 @@ fn chunk_frame_overhead() -> u64 {
 
 /// The first map of `[start, end)` with no recorded `MapperEnd`, if any. Costs one pass over the
 /// ended maps, however wide the range.
+/// The winning attempt of each map of the stream's range that pushed to its partition.
+fn winners(maps: &HashMap<u32, MapEnd>, o: &OpenStream) -> Vec<CommittedMap> {
+    maps.iter()
+        .filter(|(m, _)| (o.map_start..o.map_end).contains(*m))
+        .filter_map(|(m, e)| {
+            let batches = *e.batches.get(&o.partition_id)?;
+            (batches > 0).then_some(CommittedMap { map_id: *m, attempt_id: e.attempt_id, batches })
+        })
+        .collect()
+}
+
+/// The attempts a reader named (`OpenStream::attempts`), each with its batches in the stream's
+/// partition; or why this server cannot serve them: an attempt that did not end here (its copy
+/// here is incomplete, or it never wrote here) or that pushed nothing to the partition (the
+/// reader was told it has data).
+fn named_attempts(
+    maps: &HashMap<u32, MapEnd>,
+    o: &OpenStream,
+) -> Result<Vec<CommittedMap>, String> {
+    let what = |a: &MapAttempt| {
+        format!(
+            "map {} attempt {} of shuffle {} of {}",
+            a.map_id, a.attempt_id, o.shuffle_id, o.app_id
+        )
+    };
+    o.attempts
+        .iter()
+        .map(|a| {
+            let ended = maps.get(&a.map_id).and_then(|e| e.batches_of(a.attempt_id));
+            let Some(counts) = ended else {
+                return Err(format!("{} has no MapperEnd on this server", what(a)));
+            };
+            match counts.get(&o.partition_id) {
+                Some(&batches) if batches > 0 => {
+                    Ok(CommittedMap { map_id: a.map_id, attempt_id: a.attempt_id, batches })
+                }
+                _ => {
+                    Err(format!("{} pushed nothing to partition {} here", what(a), o.partition_id))
+                }
+            }
+        })
+        .collect()
+}
+
 fn first_unended_map(ended: &HashMap<u32, MapEnd>, start: u32, end: u32) -> Option<u32> {
     let want = end.saturating_sub(start) as usize;
     let have = ended.keys().filter(|m| (start..end).contains(*m)).count();
@@ -669,7 +717,7 @@ mod tests {
 
     #[test]
     fn finds_the_first_map_without_an_end() {
-        let end = |attempt_id| MapEnd { attempt_id, batches: HashMap::new() };
+        let end = |attempt_id| MapEnd { attempt_id, batches: HashMap::new(), later: Vec::new() };
         let ended: HashMap<u32, MapEnd> = [(0, end(0)), (1, end(3)), (3, end(0))].into();
         assert_eq!(first_unended_map(&ended, 0, 2), None);
         assert_eq!(first_unended_map(&ended, 0, 4), Some(2));

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use sluice_proto::batch::put_batch;
 use sluice_proto::message::*;
-use sluice_proto::Message;
+use sluice_proto::{ErrorCode, Message};
 use utils::*;
 
 /// Sum of a counter over servers.
@@ -185,6 +185,7 @@ async fn duplicate_push_after_lost_ack_is_read_once() {
             partition_id: 1,
             map_start: 0,
             map_end: 1,
+            attempts: vec![],
         };
         match call(&conn, open).await {
             Ok(Message::StreamHandle(h)) => {
@@ -207,6 +208,96 @@ async fn duplicate_push_after_lost_ack_is_read_once() {
         assert_eq!(r.batches_read, 1);
         let empty = read_partition(&client, &a, 0, 0, 1).await.expect("read partition 0");
         assert!(empty.records.is_empty());
+    })
+    .await
+}
+
+/// A reader that names the attempts to read (`OpenStream::attempts`, as the Spark plugin does
+/// with Spark's map statuses) gets exactly those, whichever attempt of a map ended first: a later
+/// attempt's data, no other map of the range, and `DATA_LOST` for an attempt that did not end
+/// on the server or pushed nothing to the partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_attempts_are_read_whoever_won() {
+    bounded("named_attempts_are_read_whoever_won", 30, async {
+        let scratch = Scratch::new();
+        let server = scratch.server(&ServerSpec::default());
+        let client = client("named", None);
+        let a = assignment(2, &[server.addr], 2);
+        register_direct(&client, &a, 3).await.expect("register");
+
+        // Map 0: attempt 0 writes partition 0 only and ends first; attempt 1 writes partition 1
+        // only and ends later (it loses).
+        let write = |map: u32, attempt: u32, n: u32, part: fn(u32) -> u32| {
+            let (client, a) = (client.clone(), a.clone());
+            async move {
+                let mut w = client.writer(a, map, attempt).await.unwrap();
+                for seq in 0..n {
+                    w.write_record(part(seq), &record(map, attempt, seq, 100)).await.unwrap();
+                }
+                w.finish().await.expect("finish");
+            }
+        };
+        write(0, 0, 10, |_| 0).await;
+        write(0, 1, 12, |_| 1).await;
+        write(1, 5, 8, |s| s % 2).await;
+        write(2, 0, 6, |s| s % 2).await;
+
+        // Map 0 attempt 2 pushes to partition 1 and never ends; attempt 3 pushes there before
+        // the commit and reports its end after it.
+        let conn = raw(server.addr).await;
+        let push = Push { app_id: client.app_id().into(), shuffle_id: 2, partition_id: 1 };
+        for attempt in [2, 3] {
+            let mut body = BytesMut::new();
+            put_batch(&mut body, 0, attempt, 0, &framed(&[record(0, attempt, 0, 100)]));
+            let (m, _) = call_body(&conn, push.clone(), body.freeze()).await.expect("push");
+            assert!(matches!(m, Message::PushAck(_)), "{m:?}");
+        }
+        client.commit_shuffle(&a).await.expect("commit");
+        let end = MapperEnd {
+            app_id: client.app_id().into(),
+            shuffle_id: 2,
+            map_id: 0,
+            attempt_id: 3,
+            batch_counts: vec![BatchCount { partition_id: 1, batches: 1 }],
+        };
+        match call(&conn, end).await {
+            Ok(Message::MapperEndResult(r)) => assert_eq!(r.winning_attempt, 0),
+            other => panic!("late MapperEnd: {other:?}"),
+        }
+
+        let attempts_in = |r: &ReadResult| {
+            let mut v: Vec<(u32, u32)> = r.ids().iter().map(|id| (id.map, id.attempt)).collect();
+            v.dedup();
+            v
+        };
+        // Without names: the winners, as before.
+        let winners = read_partition(&client, &a, 1, 0, 3).await.expect("winners");
+        assert_eq!(attempts_in(&winners), vec![(1, 5), (2, 0)]);
+
+        // Named: map 0's losing attempt and map 1; map 2 is in the range but not named.
+        let named = read_attempts(&client, &a, 1, 0, 3, &[(0, 1), (1, 5)]).await.expect("named");
+        assert_eq!(attempts_in(&named), vec![(0, 1), (1, 5)]);
+        let ids = named.unique_ids("partition 1");
+        assert_eq!(ids.iter().filter(|id| id.map == 0).count(), 12, "all of map 0 attempt 1");
+        assert_eq!(ids.iter().filter(|id| id.map == 1).count(), 4, "map 1's odd records");
+
+        // The attempt whose end came after the commit.
+        let late = read_attempts(&client, &a, 1, 0, 1, &[(0, 3)]).await.expect("late attempt");
+        assert_eq!(late.ids(), vec![RecordId { map: 0, attempt: 3, seq: 0 }]);
+
+        // An attempt that never ended here, and one that pushed nothing to the partition.
+        let unended = read_attempts(&client, &a, 1, 0, 3, &[(0, 2)]).await;
+        assert_eq!(code(unended), ErrorCode::DataLost);
+        let nothing_here = read_attempts(&client, &a, 1, 0, 3, &[(0, 0), (1, 5)]).await;
+        assert_eq!(code(nothing_here), ErrorCode::DataLost);
+        // A map the shuffle does not have; names out of order (refused before sending).
+        let beyond = read_attempts(&client, &a, 1, 0, 4, &[(3, 0)]).await;
+        assert_eq!(code(beyond), ErrorCode::InvalidRequest);
+        let unordered = read_attempts(&client, &a, 1, 0, 3, &[(1, 5), (0, 1)]).await;
+        assert_eq!(code(unordered), ErrorCode::InvalidRequest);
+        // The connection and the shuffle are still fine.
+        let again = read_attempts(&client, &a, 0, 0, 3, &[(0, 0)]).await.expect("partition 0");
+        assert_eq!(again.unique_ids("partition 0").len(), 10);
     })
     .await
 }

@@ -60,6 +60,7 @@ fn open(app: &str, shuffle: u32) -> OpenStream {
         partition_id: 0,
         map_start: 0,
         map_end: 1,
+        attempts: vec![],
     }
 }
 

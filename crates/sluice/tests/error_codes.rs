@@ -66,6 +66,7 @@ async fn request_errors_leave_the_connection_open() {
             partition_id: 0,
             map_start: 0,
             map_end,
+            attempts: vec![],
         };
         assert_eq!(call(&c, open(2, 10)).await.err(), Some(ErrorCode::ShuffleNotCommitted));
 

@@ -24,6 +24,7 @@ async fn chunk_count(
         partition_id: p,
         map_start: start,
         map_end: end,
+        attempts: vec![],
     };
     match client.request(addr, open.into()).await {
         Ok(Message::StreamHandle(h)) => {

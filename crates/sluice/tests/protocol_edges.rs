@@ -140,6 +140,7 @@ async fn a_backwards_map_range_is_a_fatal_malformed_frame() {
             partition_id: 0,
             map_start: 5,
             map_end: 3,
+            attempts: vec![],
         };
         assert_eq!(call(&c1, open).await.err(), Some(ErrorCode::MalformedFrame));
         let closed = eventually(5, || c1.is_closed()).await;
@@ -189,6 +190,7 @@ async fn a_stream_outlives_the_connection_that_opened_it() {
             partition_id: 0,
             map_start: 0,
             map_end: 1,
+            attempts: vec![],
         };
         let h = match call(&opener, open).await {
             Ok(Message::StreamHandle(h)) => h,

@@ -236,6 +236,7 @@ async fn a_copy_without_a_map_end_is_data_lost_and_the_replica_is_read() {
             partition_id: 0,
             map_start,
             map_end,
+            attempts: vec![],
         };
         match c0.request(open(0, 2).into(), Body::Empty).await {
             Err(TransportError::Remote { code, message }) => {
@@ -323,6 +324,7 @@ async fn a_stalled_server_is_given_up_and_its_partial_copy_never_read() {
                 partition_id: p,
                 map_start: 0,
                 map_end: 1,
+                attempts: vec![],
             };
             assert_eq!(call(&c0, open).await.err(), Some(ErrorCode::DataLost), "partition {p}");
         }

@@ -246,6 +246,10 @@ pub fn cases() -> Vec<Case> {
                 partition_id: 5,
                 map_start: 0,
                 map_end: 200,
+                attempts: vec![
+                    MapAttempt { map_id: 4, attempt_id: 1 },
+                    MapAttempt { map_id: 9, attempt_id: 0x8000_0007 },
+                ],
             }
             .into(),
             &[],
@@ -339,6 +343,21 @@ pub fn cases() -> Vec<Case> {
             partition_id: 0,
             map_start: 5,
             map_end: 4,
+            attempts: vec![],
+        }
+        .into(),
+    );
+    let attempts_unsorted = fields_of(
+        &OpenStream {
+            app_id: "a".into(),
+            shuffle_id: 1,
+            partition_id: 0,
+            map_start: 0,
+            map_end: 10,
+            attempts: vec![
+                MapAttempt { map_id: 7, attempt_id: 0 },
+                MapAttempt { map_id: 7, attempt_id: 1 },
+            ],
         }
         .into(),
     );
@@ -509,6 +528,15 @@ pub fn cases() -> Vec<Case> {
             "error",
             ErrorCode::MalformedFrame,
             "map_start 5 > map_end 4",
+        ),
+        bad(
+            "open_stream_attempts_repeat_a_map",
+            raw(f(&attempts_unsorted), 36, 1, attempts_unsorted.len() as u32, &attempts_unsorted),
+            max,
+            false,
+            "error",
+            ErrorCode::MalformedFrame,
+            "map 7 listed twice: attempts must name maps in ascending order",
         ),
         bad(
             "batch_crc_mismatch",

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use sluice_client::{ClientError, ClientOptions, ShuffleClient};
+use sluice_client::{ClientError, ClientOptions, PartitionReader, ShuffleClient};
 use sluice_proto::message::*;
 use sluice_proto::{ErrorCode, Message};
 use sluice_transport::{Body, ClientConfig, Connection, TransportError};
@@ -594,7 +594,24 @@ pub async fn read_partition(
     start: u32,
     end: u32,
 ) -> Result<ReadResult, ClientError> {
-    let mut r = client.reader(a, p, start, end).await?;
+    drain(client.reader(a, p, start, end).await?).await
+}
+
+/// Reads partition `p` over maps `[start, end)`, exactly the map attempts named.
+pub async fn read_attempts(
+    client: &ShuffleClient,
+    a: &Assignment,
+    p: u32,
+    start: u32,
+    end: u32,
+    attempts: &[(u32, u32)],
+) -> Result<ReadResult, ClientError> {
+    let named = attempts.iter().map(|&(map_id, attempt_id)| MapAttempt { map_id, attempt_id });
+    drain(client.reader_of_attempts(a, p, start, end, named.collect()).await?).await
+}
+
+/// Every record a reader delivers.
+async fn drain(mut r: PartitionReader) -> Result<ReadResult, ClientError> {
     let mut out = ReadResult::default();
     while let Some(b) = r.next_batch().await? {
         out.records.extend(parse_records(&b));

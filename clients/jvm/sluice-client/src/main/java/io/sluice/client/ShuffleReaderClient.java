@@ -58,6 +58,8 @@ public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseab
   private final int partition;
   private final int mapStart;
   private final int mapEnd;
+  /** The map attempts to read, or empty for each map's winning attempt. */
+  private final List<OpenStream.MapAttempt> attempts;
   private final int[] servers;
 
   /** Committed maps by map id; the seen batch ids survive a re-open. */
@@ -102,12 +104,35 @@ public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseab
    */
   public ShuffleReaderClient(TransportClientFactory factory, SluiceConf conf, String appId,
       int shuffleId, ShuffleAssignment assignment, int partition, int mapStart, int mapEnd) {
+    this(factory, conf, appId, shuffleId, assignment, partition, mapStart, mapEnd, List.of());
+  }
+
+  /**
+   * Creates a reader of exactly the map attempts named, whichever attempt of each map ended first
+   * on the servers, and of no other map of the range: for an engine that chose the attempts
+   * itself (Spark's map statuses). A server that cannot serve one of them (it has no MapperEnd of
+   * that attempt, or the attempt pushed nothing to the partition there) answers {@code
+   * DATA_LOST}, and the reader goes on with the partition's other copy, as for any incomplete
+   * copy.
+   *
+   * @param mapEnd exclusive
+   * @param attempts map ids ascending, inside {@code [mapStart, mapEnd)}; empty: each map's
+   *     winning attempt
+   */
+  public ShuffleReaderClient(TransportClientFactory factory, SluiceConf conf, String appId,
+      int shuffleId, ShuffleAssignment assignment, int partition, int mapStart, int mapEnd,
+      List<OpenStream.MapAttempt> attempts) {
     if (partition < 0 || partition >= assignment.numPartitions()) {
       throw new IllegalArgumentException("partition " + partition + " outside the assignment");
     }
     if (mapStart < 0 || mapStart > mapEnd) {
       throw new IllegalArgumentException("bad map range [" + mapStart + ", " + mapEnd + ")");
     }
+    if (!OpenStream.attemptsInOrder(attempts, mapStart, mapEnd)) {
+      throw new IllegalArgumentException("map attempts to read must ascend by map inside ["
+          + mapStart + ", " + mapEnd + "): " + attempts);
+    }
+    this.attempts = List.copyOf(attempts);
     this.factory = factory;
     this.conf = conf;
     this.appId = appId;
@@ -227,7 +252,8 @@ public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseab
   private void open() {
     long start = System.nanoTime();
     client = factory.getClient(server());
-    Message m = client.callSync(new OpenStream(appId, shuffleId, partition, mapStart, mapEnd));
+    Message m = client.callSync(
+        new OpenStream(appId, shuffleId, partition, mapStart, mapEnd, attempts));
     if (!(m instanceof StreamHandle h)) {
       throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION, "expected StreamHandle, got " + m);
     }

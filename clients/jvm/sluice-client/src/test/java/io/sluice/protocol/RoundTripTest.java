@@ -183,7 +183,12 @@ class RoundTripTest {
       case MAPPER_END_RESULT -> new MapperEndResult(r.nextInt());
       case OPEN_STREAM -> {
         int a = r.nextInt(1000);
-        yield new OpenStream(str(r), r.nextInt(), r.nextInt(), a, a + r.nextInt(1000));
+        int end = a + r.nextInt(1000);
+        List<OpenStream.MapAttempt> named = new ArrayList<>();
+        for (int m = a; m < end && named.size() < 8; m += 1 + r.nextInt(100)) {
+          named.add(new OpenStream.MapAttempt(m, r.nextInt()));
+        }
+        yield new OpenStream(str(r), r.nextInt(), r.nextInt(), a, end, named);
       }
       case STREAM_HANDLE -> new StreamHandle(r.nextLong(), list(r, r::nextInt),
           list(r, () -> new StreamHandle.CommittedMap(r.nextInt(), r.nextInt(), r.nextInt())));

@@ -6,7 +6,12 @@ import io.sluice.client.ShuffleReaderClient;
 import io.sluice.client.SluiceException;
 import io.sluice.client.TransportClientFactory;
 import io.sluice.protocol.ErrorCode;
+import io.sluice.protocol.OpenStream;
 import java.io.InputStream;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Comparator;
+import java.util.List;
 import java.util.concurrent.TimeUnit;
 import org.apache.spark.Aggregator;
 import org.apache.spark.InterruptibleIterator;
@@ -18,6 +23,7 @@ import org.apache.spark.serializer.SerializerManager;
 import org.apache.spark.shuffle.FetchFailedException;
 import org.apache.spark.shuffle.ShuffleReadMetricsReporter;
 import org.apache.spark.shuffle.ShuffleReader;
+import org.apache.spark.storage.BlockId;
 import org.apache.spark.storage.BlockManagerId;
 import org.apache.spark.storage.ShuffleBlockId;
 import org.apache.spark.unsafe.Platform;
@@ -26,8 +32,10 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 import scala.Product2;
 import scala.Tuple2;
+import scala.Tuple3;
 import scala.collection.AbstractIterator;
 import scala.collection.Iterator;
+import scala.collection.Seq;
 
 /**
  * A reduce task's reader: partitions {@code [startPartition, endPartition)} of the maps {@code
@@ -78,7 +86,8 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
   @Override
   @SuppressWarnings({"unchecked", "rawtypes"})
   public Iterator<Product2<K, C>> read() {
-    if (!checkOutputsAreIn(handle.generation())) {
+    List<OpenStream.MapAttempt>[] attempts = sparkOutputs(handle.generation());
+    if (Arrays.stream(attempts).allMatch(List::isEmpty)) {
       // Spark's map statuses give every block of this read size 0 (they record empty blocks
       // exactly, highly compressed ones too): nothing to fetch, and Spark's own reader fetches
       // nothing either. With many small partitions (AQE off, shuffle.partitions in the
@@ -98,7 +107,7 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
       // it would read are being re-run. Fail so Spark re-plans it.
       throw fetchFailed(handle.generation(), "replaced by " + generation, null);
     }
-    RecordIterator records = new RecordIterator(generation);
+    RecordIterator records = new RecordIterator(generation, attempts);
     context.addTaskCompletionListener((TaskCompletionListener) ctx -> records.close());
 
     Iterator<Product2<K, C>> result;
@@ -119,36 +128,56 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
   }
 
   /**
-   * Checks that Spark's map outputs for this read are the ones of {@code g}, the generation the
-   * task's handle names, before anything is committed or read. They can differ when a generation
-   * was replaced (say, a reader reported its data lost) while Spark kept the old outputs: reading,
-   * let alone committing, the new generation would then return no records of maps that never ran
-   * in it. Such a task fails with FetchFailed naming the outputs' generation, so Spark drops them
-   * and re-runs the maps into the current one. (Also the fetch of the map statuses that Spark's
-   * own reader does: a missing output throws Spark's MetadataFetchFailedException.)
+   * Spark's map outputs for this read: per partition of the range, the map attempts whose
+   * output Spark registered with a non-empty block there, by map index. The reader reads exactly
+   * those, as Spark's own reader fetches exactly the registered blocks: when attempts of a map
+   * differ (an indeterminate stage re-run, a speculative copy whose status replaced the first
+   * one's), the records read are the ones Spark's map statuses, sizes and AQE plans describe, not
+   * whichever attempt the servers saw end first.
    *
-   * @return whether any map output of the read is non-empty (Spark lists a location only for
-   *     blocks whose size is not 0)
+   * <p>Also checks that the outputs are the ones of {@code g}, the generation the task's handle
+   * names, before anything is committed or read. They can differ when a generation was replaced
+   * (say, a reader reported its data lost) while Spark kept the old outputs: reading, let alone
+   * committing, the new generation would then return no records of maps that never ran in it.
+   * Such a task fails with FetchFailed naming the outputs' generation, so Spark drops them and
+   * re-runs the maps into the current one. (Also the fetch of the map statuses that Spark's own
+   * reader does: a missing output throws Spark's MetadataFetchFailedException.)
    */
   @SuppressWarnings({"unchecked", "rawtypes"})
-  private boolean checkOutputsAreIn(ShuffleGeneration g) {
-    Iterator<Tuple2<BlockManagerId, ?>> locations = (Iterator) SparkEnv.get().mapOutputTracker()
-        .getMapSizesByExecutorId(handle.shuffleId(), startMapIndex, endMapIndex, startPartition,
-            endPartition);
+  private List<OpenStream.MapAttempt>[] sparkOutputs(ShuffleGeneration g) {
+    Iterator<Tuple2<BlockManagerId, Seq<Tuple3<BlockId, Object, Object>>>> locations =
+        (Iterator) SparkEnv.get().mapOutputTracker().getMapSizesByExecutorId(handle.shuffleId(),
+            startMapIndex, endMapIndex, startPartition, endPartition);
     String expected = g.outputExecutorId();
-    boolean any = false;
+    List<OpenStream.MapAttempt>[] attempts = new List[endPartition - startPartition];
+    for (int i = 0; i < attempts.length; i++) {
+      attempts[i] = new ArrayList<>();
+    }
     while (locations.hasNext()) {
-      any = true;
-      BlockManagerId at = locations.next()._1();
-      if (!expected.equals(at.executorId())) {
+      Tuple2<BlockManagerId, Seq<Tuple3<BlockId, Object, Object>>> at = locations.next();
+      if (!expected.equals(at._1().executorId())) {
         LOG.warn("Spark's map outputs of shuffle {} are under {}, but the task reads {}",
-            handle.shuffleId(), at.executorId(), g);
-        Platform.throwException(new FetchFailedException(at, handle.shuffleId(), -1L, -1,
+            handle.shuffleId(), at._1().executorId(), g);
+        Platform.throwException(new FetchFailedException(at._1(), handle.shuffleId(), -1L, -1,
             startPartition, "Sluice shuffle " + handle.shuffleId() + ": map outputs under "
-            + at.executorId() + " but the current data is " + g, null));
+            + at._1().executorId() + " but the current data is " + g, null));
+      }
+      Iterator<Tuple3<BlockId, Object, Object>> blocks = at._2().iterator();
+      while (blocks.hasNext()) {
+        Tuple3<BlockId, Object, Object> b = blocks.next();
+        if (!(b._1() instanceof ShuffleBlockId block)) {
+          throw new IllegalStateException("Sluice shuffle " + handle.shuffleId()
+              + ": Spark lists block " + b._1() + ", not a map output (is push-based shuffle on?)");
+        }
+        // The wire's attempt id is the low 32 bits of the task attempt id (see the writer).
+        attempts[block.reduceId() - startPartition].add(
+            new OpenStream.MapAttempt((Integer) b._3(), (int) block.mapId()));
       }
     }
-    return any;
+    for (List<OpenStream.MapAttempt> list : attempts) {
+      list.sort(Comparator.comparingInt(OpenStream.MapAttempt::mapId));
+    }
+    return attempts;
   }
 
   /** See {@link SluiceLocations#fetchFailed}. */
@@ -162,6 +191,8 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
   /** Records of every batch of every partition of the range, decoded lazily, batch by batch. */
   private final class RecordIterator extends AbstractIterator<Product2<Object, Object>> {
     private final ShuffleGeneration generation;
+    /** Per partition of the range, the map attempts to read (see {@link #sparkOutputs}). */
+    private final List<OpenStream.MapAttempt>[] attempts;
     private final SerializerInstance serializer = dep.serializer().newInstance();
     private final SerializerManager serializerManager = SparkEnv.get().serializerManager();
     private int partition = startPartition - 1;
@@ -169,8 +200,9 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
     private Iterator<Tuple2<Object, Object>> batch;
     private boolean done;
 
-    RecordIterator(ShuffleGeneration generation) {
+    RecordIterator(ShuffleGeneration generation, List<OpenStream.MapAttempt>[] attempts) {
       this.generation = generation;
+      this.attempts = attempts;
     }
 
     @Override
@@ -234,9 +266,13 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
         if (++partition >= endPartition) {
           return false;
         }
+        List<OpenStream.MapAttempt> named = attempts[partition - startPartition];
+        if (named.isEmpty()) {
+          continue; // no map wrote to this partition, say Spark's map statuses
+        }
         client = new ShuffleReaderClient(factory, conf.client(), handle.appId(),
             generation.wireShuffleId(), generation.assignment(), partition, startMapIndex,
-            endMapIndex);
+            endMapIndex, named);
       }
     }
 
