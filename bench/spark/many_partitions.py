@@ -1,5 +1,9 @@
-"""Job times with 2000 shuffle partitions, 97 of them non-empty: the built-in shuffle, then
-Sluice, in one driver, on the test clusters of tests/spark (docs/benchmarks.md).
+"""Job times with many shuffle partitions or many map tasks, the built-in shuffle, then Sluice,
+in one driver, on the test clusters of tests/spark (docs/benchmarks.md):
+
+- test_many_partitions: 2000 shuffle partitions, 97 of them non-empty;
+- test_many_maps: 1000 map tasks into 200 partitions, every map writing to every partition, so
+  each reduce task reads (and names, from Spark's map statuses) 1000 map attempts.
 
     PYTHONPATH=tests/spark .venv/spark4/bin/python -m pytest -p conftest -p no:cacheprovider \\
         -s -q bench/spark/many_partitions.py
@@ -10,6 +14,14 @@ import tempfile
 import time
 
 from conftest import COMMON_CONF, classpath_conf, sluice_app, start_app
+
+# The test suite's Sluice settings stress the plugin (2 KiB batches, Netty's paranoid leak
+# detection on every buffer); a benchmark runs what a user gets: the defaults.
+USER_DEFAULTS = {
+    "spark.sluice.writer.partitionBufferBytes": "256k",
+    "spark.sluice.writer.bufferBytes": "32m",
+    "spark.executor.extraJavaOptions": "",
+}
 
 SETTINGS = {"spark.sql.shuffle.partitions": "2000", "spark.sql.adaptive.enabled": "false"}
 JOBS = 4
@@ -31,5 +43,32 @@ def test_many_partitions(sluice_cluster, spark_cluster):
         print("\nbuilt-in job seconds:", [job(spark) for _ in range(JOBS)])
     finally:
         spark.stop()
-    with sluice_app("bench-sluice-2000", sluice_cluster, spark_cluster, SETTINGS) as spark:
+    with sluice_app("bench-sluice-2000", sluice_cluster, spark_cluster,
+                    dict(SETTINGS, **USER_DEFAULTS)) as spark:
         print("Sluice job seconds:", [job(spark) for _ in range(JOBS)])
+
+
+MANY_MAPS = {"spark.sql.shuffle.partitions": "200", "spark.sql.adaptive.enabled": "false"}
+MAPS = 1000
+
+
+def maps_job(spark):
+    t = time.monotonic()
+    rows = (spark.range(0, 2_000_000, 1, MAPS).selectExpr("id % 10007 AS g", "id AS v")
+            .groupBy("g").agg({"v": "sum"}).collect())
+    assert len(rows) == 10007
+    assert sum(r["sum(v)"] for r in rows) == 2_000_000 * 1_999_999 // 2
+    return round(time.monotonic() - t, 2)
+
+
+def test_many_maps(sluice_cluster, spark_cluster):
+    conf = dict(COMMON_CONF, **{"spark.master": spark_cluster.url}, **MANY_MAPS)
+    conf.update(classpath_conf())
+    spark = start_app("bench-builtin-maps", conf, pathlib.Path(tempfile.mkdtemp()) / "events")
+    try:
+        print("\nbuilt-in job seconds, 1000 maps:", [maps_job(spark) for _ in range(JOBS)])
+    finally:
+        spark.stop()
+    with sluice_app("bench-sluice-maps", sluice_cluster, spark_cluster,
+                    dict(MANY_MAPS, **USER_DEFAULTS)) as spark:
+        print("Sluice job seconds, 1000 maps:", [maps_job(spark) for _ in range(JOBS)])
