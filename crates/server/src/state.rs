@@ -656,8 +656,6 @@ fn chunk_frame_overhead() -> u64 {
     })
 }
 
-/// The first map of `[start, end)` with no recorded `MapperEnd`, if any. Costs one pass over the
-/// ended maps, however wide the range.
 /// The winning attempt of each map of the stream's range that pushed to its partition.
 fn winners(maps: &HashMap<u32, MapEnd>, o: &OpenStream) -> Vec<CommittedMap> {
     maps.iter()
@@ -702,6 +700,8 @@ fn named_attempts(
         .collect()
 }
 
+/// The first map of `[start, end)` with no recorded `MapperEnd`, if any. Costs one pass over the
+/// ended maps, however wide the range.
 fn first_unended_map(ended: &HashMap<u32, MapEnd>, start: u32, end: u32) -> Option<u32> {
     let want = end.saturating_sub(start) as usize;
     let have = ended.keys().filter(|m| (start..end).contains(*m)).count();
