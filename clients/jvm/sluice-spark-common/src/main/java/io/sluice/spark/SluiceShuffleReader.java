@@ -10,7 +10,7 @@ import io.sluice.protocol.OpenStream;
 import java.io.InputStream;
 import java.util.ArrayList;
 import java.util.Arrays;
-import java.util.Comparator;
+import java.util.BitSet;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
 import org.apache.spark.Aggregator;
@@ -86,8 +86,8 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
   @Override
   @SuppressWarnings({"unchecked", "rawtypes"})
   public Iterator<Product2<K, C>> read() {
-    List<OpenStream.MapAttempt>[] attempts = sparkOutputs(handle.generation());
-    if (Arrays.stream(attempts).allMatch(List::isEmpty)) {
+    SparkOutputs outputs = sparkOutputs(handle.generation());
+    if (outputs.none()) {
       // Spark's map statuses give every block of this read size 0 (they record empty blocks
       // exactly, highly compressed ones too): nothing to fetch, and Spark's own reader fetches
       // nothing either. With many small partitions (AQE off, shuffle.partitions in the
@@ -107,7 +107,7 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
       // it would read are being re-run. Fail so Spark re-plans it.
       throw fetchFailed(handle.generation(), "replaced by " + generation, null);
     }
-    RecordIterator records = new RecordIterator(generation, attempts);
+    RecordIterator records = new RecordIterator(generation, outputs);
     context.addTaskCompletionListener((TaskCompletionListener) ctx -> records.close());
 
     Iterator<Product2<K, C>> result;
@@ -144,15 +144,13 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
    * reader does: a missing output throws Spark's MetadataFetchFailedException.)
    */
   @SuppressWarnings({"unchecked", "rawtypes"})
-  private List<OpenStream.MapAttempt>[] sparkOutputs(ShuffleGeneration g) {
+  private SparkOutputs sparkOutputs(ShuffleGeneration g) {
     Iterator<Tuple2<BlockManagerId, Seq<Tuple3<BlockId, Object, Object>>>> locations =
         (Iterator) SparkEnv.get().mapOutputTracker().getMapSizesByExecutorId(handle.shuffleId(),
             startMapIndex, endMapIndex, startPartition, endPartition);
     String expected = g.outputExecutorId();
-    List<OpenStream.MapAttempt>[] attempts = new List[endPartition - startPartition];
-    for (int i = 0; i < attempts.length; i++) {
-      attempts[i] = new ArrayList<>();
-    }
+    SparkOutputs outputs = new SparkOutputs(startMapIndex, endMapIndex,
+        endPartition - startPartition);
     while (locations.hasNext()) {
       Tuple2<BlockManagerId, Seq<Tuple3<BlockId, Object, Object>>> at = locations.next();
       if (!expected.equals(at._1().executorId())) {
@@ -169,15 +167,61 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
           throw new IllegalStateException("Sluice shuffle " + handle.shuffleId()
               + ": Spark lists block " + b._1() + ", not a map output (is push-based shuffle on?)");
         }
-        // The wire's attempt id is the low 32 bits of the task attempt id (see the writer).
-        attempts[block.reduceId() - startPartition].add(
-            new OpenStream.MapAttempt((Integer) b._3(), (int) block.mapId()));
+        outputs.add(block.reduceId() - startPartition, (Integer) b._3(), block.mapId());
       }
     }
-    for (List<OpenStream.MapAttempt> list : attempts) {
-      list.sort(Comparator.comparingInt(OpenStream.MapAttempt::mapId));
+    return outputs;
+  }
+
+  /**
+   * Which maps wrote to which partition of the read, and the attempt Spark registered for each
+   * map: one attempt per map (Spark holds one status per map) and one bit per (partition, map),
+   * so a read of many partitions over many maps holds a few bytes per map, not an object per
+   * block.
+   */
+  static final class SparkOutputs {
+    private final int mapStart;
+    /** By map index minus {@code mapStart}: the wire attempt id of the registered attempt. */
+    private final int[] attempts;
+    /** By partition of the read: the maps (minus {@code mapStart}) with a non-empty block. */
+    private final BitSet[] written;
+
+    SparkOutputs(int mapStart, int mapEnd, int partitions) {
+      this.mapStart = mapStart;
+      this.attempts = new int[mapEnd - mapStart];
+      this.written = new BitSet[partitions];
     }
-    return attempts;
+
+    /**
+     * Map {@code mapIndex}'s registered output, written by task attempt {@code taskAttemptId},
+     * has data in partition {@code p} of the read.
+     */
+    void add(int p, int mapIndex, long taskAttemptId) {
+      int m = mapIndex - mapStart;
+      // The wire's attempt id is the low 32 bits of the task attempt id (see the writer).
+      attempts[m] = (int) taskAttemptId;
+      if (written[p] == null) {
+        written[p] = new BitSet();
+      }
+      written[p].set(m);
+    }
+
+    boolean none() {
+      return Arrays.stream(written).allMatch(w -> w == null);
+    }
+
+    /** The attempts to read in partition {@code p} of the read, by ascending map; empty: none. */
+    List<OpenStream.MapAttempt> attemptsIn(int p) {
+      BitSet w = written[p];
+      if (w == null) {
+        return List.of();
+      }
+      List<OpenStream.MapAttempt> named = new ArrayList<>(w.cardinality());
+      for (int m = w.nextSetBit(0); m >= 0; m = w.nextSetBit(m + 1)) {
+        named.add(new OpenStream.MapAttempt(mapStart + m, attempts[m]));
+      }
+      return named;
+    }
   }
 
   /** See {@link SluiceLocations#fetchFailed}. */
@@ -191,8 +235,8 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
   /** Records of every batch of every partition of the range, decoded lazily, batch by batch. */
   private final class RecordIterator extends AbstractIterator<Product2<Object, Object>> {
     private final ShuffleGeneration generation;
-    /** Per partition of the range, the map attempts to read (see {@link #sparkOutputs}). */
-    private final List<OpenStream.MapAttempt>[] attempts;
+    /** The map attempts to read (see {@link #sparkOutputs}). */
+    private final SparkOutputs outputs;
     private final SerializerInstance serializer = dep.serializer().newInstance();
     private final SerializerManager serializerManager = SparkEnv.get().serializerManager();
     private int partition = startPartition - 1;
@@ -200,9 +244,9 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
     private Iterator<Tuple2<Object, Object>> batch;
     private boolean done;
 
-    RecordIterator(ShuffleGeneration generation, List<OpenStream.MapAttempt>[] attempts) {
+    RecordIterator(ShuffleGeneration generation, SparkOutputs outputs) {
       this.generation = generation;
-      this.attempts = attempts;
+      this.outputs = outputs;
     }
 
     @Override
@@ -266,7 +310,7 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
         if (++partition >= endPartition) {
           return false;
         }
-        List<OpenStream.MapAttempt> named = attempts[partition - startPartition];
+        List<OpenStream.MapAttempt> named = outputs.attemptsIn(partition - startPartition);
         if (named.isEmpty()) {
           continue; // no map wrote to this partition, say Spark's map statuses
         }
