@@ -40,10 +40,10 @@ import scala.collection.Seq;
 /**
  * A reduce task's reader: partitions {@code [startPartition, endPartition)} of the maps {@code
  * [startMapIndex, endMapIndex)} (map indexes, as AQE's skew split and local read ask for). It reads
- * the committed generation's batches through the client (which keeps only each map's winning
- * attempt, drops duplicates and verifies checksums), decodes them with the dependency's serializer,
- * and then combines and sorts with Spark's own Aggregator and ExternalSorter, as Spark's reader
- * does.
+ * the committed generation's batches of the map attempts Spark's map statuses name through the
+ * client (which keeps only those attempts' batches, drops duplicates and verifies checksums),
+ * decodes them with the dependency's serializer, and then combines and sorts with Spark's own
+ * Aggregator and ExternalSorter, as Spark's reader does.
  *
  * <p>Any Sluice failure while reading (a lost server, missing or corrupt data) becomes a
  * FetchFailedException naming the generation's synthetic executor: Spark then drops all of that
