@@ -52,21 +52,6 @@ impl PartitionReader {
         map_end: u32,
         attempts: Vec<MapAttempt>,
     ) -> Result<Self, ClientError> {
-        let mut next = map_start;
-        if let Some(m) = attempts.iter().find(|m| {
-            let bad = m.map_id < next || m.map_id >= map_end;
-            next = m.map_id.saturating_add(1);
-            bad
-        }) {
-            return Err(ClientError::Server {
-                code: ErrorCode::InvalidRequest,
-                message: format!(
-                    "map {} of the attempts to read is out of order or outside [{map_start}, \
-                     {map_end})",
-                    m.map_id
-                ),
-            });
-        }
         if map_start > map_end {
             // Sent as is, the server's decoder would call the frame malformed and close a shared
             // connection; this is the caller's mistake, so say so here.
@@ -89,6 +74,14 @@ impl PartitionReader {
             map_end,
             attempts,
         };
+        if let Err(e) = Message::OpenStream(open_msg.clone()).validate() {
+            // Names out of order or outside the range: as for a backwards range, refused here
+            // rather than as a malformed frame that closes a shared connection.
+            return Err(ClientError::Server {
+                code: ErrorCode::InvalidRequest,
+                message: format!("partition {partition}: {e}"),
+            });
+        }
         let mut current = 0;
         let handle = loop {
             match open_on(&client, candidates[current], &open_msg).await {

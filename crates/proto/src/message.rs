@@ -262,8 +262,9 @@ messages! {
 }
 
 impl Message {
-    /// Invariants beyond the layout (the "semantic" part of malformed).
-    fn validate(&self) -> Result<(), ProtoError> {
+    /// Invariants beyond the layout (the "semantic" part of malformed); decoding checks them, and
+    /// a sender may check a message before it goes out.
+    pub fn validate(&self) -> Result<(), ProtoError> {
         match self {
             Message::Handshake(h) => {
                 if h.magic != MAGIC {
