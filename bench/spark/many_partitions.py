@@ -10,6 +10,7 @@ in one driver, on the test clusters of tests/spark (docs/benchmarks.md):
 """
 
 import pathlib
+import shutil
 import tempfile
 import time
 
@@ -35,17 +36,24 @@ def job(spark):
     return round(time.monotonic() - t, 2)
 
 
-def test_many_partitions(sluice_cluster, spark_cluster):
-    conf = dict(COMMON_CONF, **{"spark.master": spark_cluster.url}, **SETTINGS)
+def compare(name, settings, job, sluice_cluster, spark_cluster):
+    """Times `job` JOBS times on the built-in shuffle, then on Sluice, one application each."""
+    conf = dict(COMMON_CONF, **{"spark.master": spark_cluster.url}, **settings)
     conf.update(classpath_conf())
-    spark = start_app("bench-builtin-2000", conf, pathlib.Path(tempfile.mkdtemp()) / "events")
+    events = pathlib.Path(tempfile.mkdtemp(prefix=f"bench-builtin-{name}-"))
+    spark = start_app(f"bench-builtin-{name}", conf, events / "events")
     try:
-        print("\nbuilt-in job seconds:", [job(spark) for _ in range(JOBS)])
+        print(f"\n{name}, built-in job seconds:", [job(spark) for _ in range(JOBS)])
     finally:
         spark.stop()
-    with sluice_app("bench-sluice-2000", sluice_cluster, spark_cluster,
-                    dict(SETTINGS, **USER_DEFAULTS)) as spark:
-        print("Sluice job seconds:", [job(spark) for _ in range(JOBS)])
+        shutil.rmtree(events, ignore_errors=True)
+    with sluice_app(f"bench-sluice-{name}", sluice_cluster, spark_cluster,
+                    dict(settings, **USER_DEFAULTS)) as spark:
+        print(f"{name}, Sluice job seconds:", [job(spark) for _ in range(JOBS)])
+
+
+def test_many_partitions(sluice_cluster, spark_cluster):
+    compare("2000-partitions", SETTINGS, job, sluice_cluster, spark_cluster)
 
 
 MANY_MAPS = {"spark.sql.shuffle.partitions": "200", "spark.sql.adaptive.enabled": "false"}
@@ -62,13 +70,4 @@ def maps_job(spark):
 
 
 def test_many_maps(sluice_cluster, spark_cluster):
-    conf = dict(COMMON_CONF, **{"spark.master": spark_cluster.url}, **MANY_MAPS)
-    conf.update(classpath_conf())
-    spark = start_app("bench-builtin-maps", conf, pathlib.Path(tempfile.mkdtemp()) / "events")
-    try:
-        print("\nbuilt-in job seconds, 1000 maps:", [maps_job(spark) for _ in range(JOBS)])
-    finally:
-        spark.stop()
-    with sluice_app("bench-sluice-maps", sluice_cluster, spark_cluster,
-                    dict(MANY_MAPS, **USER_DEFAULTS)) as spark:
-        print("Sluice job seconds, 1000 maps:", [maps_job(spark) for _ in range(JOBS)])
+    compare("1000-maps", MANY_MAPS, maps_job, sluice_cluster, spark_cluster)

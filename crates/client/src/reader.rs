@@ -74,7 +74,7 @@ impl PartitionReader {
             map_end,
             attempts,
         };
-        if let Err(e) = Message::OpenStream(open_msg.clone()).validate() {
+        if let Err(e) = open_msg.validate() {
             // Names out of order or outside the range: as for a backwards range, refused here
             // rather than as a malformed frame that closes a shared connection.
             return Err(ClientError::Server {

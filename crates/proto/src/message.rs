@@ -261,10 +261,29 @@ messages! {
     40 => CloseStream(CloseStream) body=false,
 }
 
-impl Message {
-    /// Invariants beyond the layout (the "semantic" part of malformed); decoding checks them, and
-    /// a sender may check a message before it goes out.
+impl OpenStream {
+    /// The range is not backwards, and the named attempts' map ids ascend strictly inside it.
+    /// Decoding checks this; a sender may check before it sends.
     pub fn validate(&self) -> Result<(), ProtoError> {
+        if self.map_start > self.map_end {
+            return Err(ProtoError::Malformed("map range start after end"));
+        }
+        let mut next = self.map_start; // lowest map id the next entry may name
+        for a in &self.attempts {
+            if a.map_id < next || a.map_id >= self.map_end {
+                return Err(ProtoError::Malformed(
+                    "stream attempts not ascending or outside the map range",
+                ));
+            }
+            next = a.map_id + 1;
+        }
+        Ok(())
+    }
+}
+
+impl Message {
+    /// Invariants beyond the layout (the "semantic" part of malformed).
+    fn validate(&self) -> Result<(), ProtoError> {
         match self {
             Message::Handshake(h) => {
                 if h.magic != MAGIC {
@@ -301,20 +320,7 @@ impl Message {
                     return Err(ProtoError::Malformed("assignment index outside the server list"));
                 }
             }
-            Message::OpenStream(o) => {
-                if o.map_start > o.map_end {
-                    return Err(ProtoError::Malformed("map range start after end"));
-                }
-                let mut next = o.map_start; // lowest map id the next entry may name
-                for a in &o.attempts {
-                    if a.map_id < next || a.map_id >= o.map_end {
-                        return Err(ProtoError::Malformed(
-                            "stream attempts not ascending or outside the map range",
-                        ));
-                    }
-                    next = a.map_id + 1;
-                }
-            }
+            Message::OpenStream(o) => o.validate()?,
             _ => {}
         }
         Ok(())

@@ -4,6 +4,7 @@
 //! they are flushed, then a list of chunks: `(file, offset, length, map ids)`. Readers fetch chunks;
 //! a map sub-range read serves only the chunks that hold one of its maps.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::PathBuf;
@@ -174,16 +175,20 @@ impl Shuffle {
     }
 
     /// Records a map attempt's end; the first attempt to report wins. A later attempt is kept
-    /// beside it (once; a repeated `MapperEnd` of an attempt changes nothing). Returns the
-    /// winner.
-    pub fn mapper_end(&self, map_id: u32, attempt_id: u32, counts: &[(u32, u32)]) -> u32 {
+    /// beside it (once; a repeated `MapperEnd` of an attempt changes nothing), also after the
+    /// commit: its pushes were all acknowledged, so made before the commit. Returns the winner,
+    /// or `None` for a map with no end before the commit: it never gets one (the commit needs
+    /// every map).
+    pub fn mapper_end(&self, map_id: u32, attempt_id: u32, counts: &[(u32, u32)]) -> Option<u32> {
         let batches = || counts.iter().copied().collect();
         let mut maps = self.maps.lock();
-        let e = maps.entry(map_id).or_insert_with(|| MapEnd {
-            attempt_id,
-            batches: batches(),
-            later: Vec::new(),
-        });
+        let e = match maps.entry(map_id) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(_) if self.is_committed() => return None,
+            Entry::Vacant(v) => {
+                v.insert(MapEnd { attempt_id, batches: batches(), later: Vec::new() })
+            }
+        };
         if e.batches_of(attempt_id).is_none() {
             if e.later.len() < MAX_LATER_ATTEMPTS {
                 e.later.push((attempt_id, batches()));
@@ -197,7 +202,7 @@ impl Shuffle {
                 );
             }
         }
-        e.attempt_id
+        Some(e.attempt_id)
     }
 
     /// Path of a partition's n-th file inside a data directory.
@@ -295,10 +300,10 @@ mod tests {
     #[test]
     fn first_mapper_end_wins_and_names_are_safe() {
         let s = Shuffle::new("../evil/app", 1, 2, 2);
-        assert_eq!(s.mapper_end(0, 1, &[(0, 2)]), 1);
-        assert_eq!(s.mapper_end(0, 0, &[(0, 5)]), 1);
-        assert_eq!(s.mapper_end(0, 0, &[(0, 9)]), 1, "a repeated MapperEnd changes nothing");
-        assert_eq!(s.mapper_end(0, 1, &[(0, 9)]), 1);
+        assert_eq!(s.mapper_end(0, 1, &[(0, 2)]), Some(1));
+        assert_eq!(s.mapper_end(0, 0, &[(0, 5)]), Some(1));
+        assert_eq!(s.mapper_end(0, 0, &[(0, 9)]), Some(1), "a repeated MapperEnd changes nothing");
+        assert_eq!(s.mapper_end(0, 1, &[(0, 9)]), Some(1));
         let maps = s.maps.lock();
         assert_eq!(maps[&0].batches[&0], 2);
         assert_eq!(maps[&0].batches_of(0).map(|b| b[&0]), Some(5), "the later attempt is kept");

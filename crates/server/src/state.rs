@@ -355,18 +355,13 @@ impl ServerState {
                 format!("map {} of a {}-map shuffle", m.map_id, shuffle.num_maps),
             );
         }
-        // A map that had no end before the commit never will (the commit needs every map), but
-        // a later attempt of an ended map is still recorded: its pushes were all acknowledged,
-        // so before the commit, and a reader may name it (`OpenStream::attempts`).
-        let known = shuffle.maps.lock().contains_key(&m.map_id);
-        if !known && shuffle.is_committed() {
+        let counts: Vec<_> = m.batch_counts.iter().map(|c| (c.partition_id, c.batches)).collect();
+        let Some(winner) = shuffle.mapper_end(m.map_id, m.attempt_id, &counts) else {
             return fail(
                 ErrorCode::ShuffleCommitted,
                 format!("map {} ended after the commit", m.map_id),
             );
-        }
-        let counts: Vec<_> = m.batch_counts.iter().map(|c| (c.partition_id, c.batches)).collect();
-        let winner = shuffle.mapper_end(m.map_id, m.attempt_id, &counts);
+        };
         Ok(Response::msg(MapperEndResult { winning_attempt: winner }))
     }
 
