@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
-use sluice_proto::batch::split_batches;
+use sluice_proto::batch::{crc32c, split_batches};
 use sluice_proto::message::*;
 use sluice_proto::ErrorCode;
 use sluice_transport::Body;
@@ -183,7 +183,7 @@ impl PartitionReader {
                     continue;
                 }
             };
-            if let Some((h, _)) = batches.iter().find(|(h, p)| crc32c::crc32c(p) != h.crc32c) {
+            if let Some((h, _)) = batches.iter().find(|(h, p)| crc32c(p) != h.crc32c) {
                 let e = ClientError::Corrupt(format!(
                     "batch {} of map {} attempt {}: CRC32C mismatch",
                     h.batch_id, h.map_id, h.attempt_id

@@ -5,6 +5,14 @@ use bytes::{BufMut, Bytes};
 
 use crate::error::ProtoError;
 
+/// CRC-32C (Castagnoli) of `data`, the checksum of every batch payload. crc-fast folds with
+/// (V)PCLMULQDQ where the CPU has it: 56 GB/s against the `crc32c` crate's 27 GB/s over 256 KiB
+/// batches on this project's machine, and each pushed byte is summed three times (writer,
+/// server, reader).
+pub fn crc32c(data: &[u8]) -> u32 {
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, data) as u32
+}
+
 /// Length of a batch header.
 pub const BATCH_HEADER_LEN: usize = 20;
 
@@ -26,7 +34,7 @@ impl BatchHeader {
             attempt_id,
             batch_id,
             length: payload.len() as u32,
-            crc32c: crc32c::crc32c(payload),
+            crc32c: crc32c(payload),
         }
     }
 
@@ -100,7 +108,7 @@ impl<'a> Iterator for Batches<'a> {
 pub fn validate_batches(buf: &[u8], mut each: impl FnMut(&BatchHeader)) -> Result<(), ProtoError> {
     for item in Batches::new(buf) {
         let (h, payload) = item?;
-        if crc32c::crc32c(payload) != h.crc32c {
+        if crc32c(payload) != h.crc32c {
             return Err(ProtoError::ChecksumMismatch {
                 map_id: h.map_id,
                 attempt_id: h.attempt_id,
@@ -122,4 +130,25 @@ pub fn split_batches(chunk: &Bytes) -> Result<Vec<(BatchHeader, Bytes)>, ProtoEr
         out.push((h, chunk.slice(start..start + payload.len())));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc32c_is_castagnolis_crc_at_every_length_and_alignment() {
+        assert_eq!(crc32c(b"123456789"), 0xE306_9283, "the catalogue's check value");
+        assert_eq!(crc32c(&[]), 0);
+        // Lengths around the folding widths (16, 64, 256 bytes) and unaligned starts, against
+        // the `crc32c` crate as a second implementation.
+        let data: Vec<u8> =
+            (0..70_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        for start in [0, 1, 7, 13] {
+            for len in (0..600).chain([4095, 4096, 4097, 65_536, 69_000]) {
+                let s = &data[start..start + len];
+                assert_eq!(crc32c(s), ::crc32c::crc32c(s), "start {start} len {len}");
+            }
+        }
+    }
 }
