@@ -128,6 +128,7 @@ impl Server {
             ("sluice_server_memory_peak_bytes", state.budget.peak()),
             ("sluice_server_memory_budget_bytes", state.budget.capacity()),
             ("sluice_server_sendfile_bytes_total", t.sendfile_bytes),
+            ("sluice_server_sendfile_calls_total", t.sendfile_calls),
             ("sluice_server_writev_bytes_total", t.writev_bytes),
             ("sluice_server_copy_bytes_total", t.copy_bytes),
             ("sluice_server_cold_regions_total", t.file_regions_cold),

@@ -187,6 +187,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
     let server_sum = |m: &str| cluster.servers.iter().map(|s| s.metric(m)).sum::<u64>();
     let busy = server_sum("sluice_server_busy_replies_total");
     let sendfile_bytes = server_sum("sluice_server_sendfile_bytes_total");
+    let sendfile_calls = server_sum("sluice_server_sendfile_calls_total");
     let records: u64 =
         expect.count.iter().map(|c| c.load(std::sync::atomic::Ordering::Relaxed)).sum();
     let servers: Vec<_> = cluster.servers.iter().map(|s| s.addr).collect();
@@ -209,6 +210,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
         "server_idle_rss_bytes": idle_rss,
         "busy_replies": busy,
         "sendfile_bytes": sendfile_bytes,
+        "sendfile_calls": sendfile_calls,
         "memory_budget_bytes": args.memory_budget,
         "servers": args.servers,
         "maps": args.maps,

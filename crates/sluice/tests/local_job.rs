@@ -34,6 +34,11 @@ fn check_summary(s: &serde_json::Value, servers: u64) {
     // Every record is read back (the failed attempt's half is pushed too but never read).
     let fetched = s["fetched_bytes"].as_u64().unwrap_or(0);
     assert!(fetched >= records * 100, "fetched {fetched} bytes for {records} records: {s}");
+    // Every chunk went out by the zero-copy path: the servers' `sendfile` moved at least what
+    // the readers kept (more: chunks also hold the losing attempts' batches).
+    let (sent, calls) = (s["sendfile_bytes"].as_u64(), s["sendfile_calls"].as_u64());
+    assert!(sent >= Some(fetched), "sendfile moved {sent:?} of {fetched} fetched bytes: {s}");
+    assert!(calls.is_some_and(|c| c > 0 && Some(c) <= sent), "{s}");
     assert!(s["server_peak_rss_bytes"].as_u64().unwrap_or(0) > 0, "{s}");
 }
 
