@@ -69,6 +69,7 @@ pub struct FlushJob {
 pub struct Flushers {
     queues: Vec<Sender<FlushJob>>,
     storage: Arc<Storage>,
+    write_bytes: usize,
 }
 
 /// Why a buffer could not be handed to a flusher.
@@ -78,11 +79,13 @@ pub struct NoStorage(pub String);
 
 impl Flushers {
     /// Starts `per_dir` threads for each directory, each `nice` steps below the server's
-    /// priority. `on_done(bytes)` is called after each job.
+    /// priority, each `pwritev` ending at a multiple of `write_bytes` in the file (see
+    /// `ServerConfig::flush_write_bytes`). `on_done(bytes)` is called after each job.
     pub fn start(
         storage: Arc<Storage>,
         per_dir: usize,
         nice: i32,
+        write_bytes: usize,
         on_done: Arc<dyn Fn(u64) + Send + Sync>,
     ) -> Flushers {
         let mut queues = Vec::new();
@@ -98,7 +101,7 @@ impl Flushers {
                         lower_priority(nice);
                         for job in rx {
                             let bytes = job.data.bytes;
-                            run_job(&storage, job);
+                            run_job(&storage, job, write_bytes);
                             on_done(bytes);
                         }
                     })
@@ -106,7 +109,7 @@ impl Flushers {
             }
             queues.push(tx);
         }
-        Flushers { queues, storage }
+        Flushers { queues, storage, write_bytes }
     }
 
     /// Takes the partition's buffer and queues it as one chunk; returns the bytes queued (0 when
@@ -145,7 +148,7 @@ impl Flushers {
             FlushJob { shuffle: shuffle.clone(), partition: partition_id, data, target, offset };
         if let Err(e) = self.queues[job.target.dir.index].send(job) {
             // Only when the threads are gone (shutdown): write inline rather than lose it.
-            run_job(&self.storage, e.into_inner());
+            run_job(&self.storage, e.into_inner(), self.write_bytes);
         }
         Ok(bytes)
     }
@@ -195,7 +198,7 @@ fn open_next_file(
     }
 }
 
-fn run_job(storage: &Storage, mut job: FlushJob) {
+fn run_job(storage: &Storage, mut job: FlushJob, write_bytes: usize) {
     let shuffle = job.shuffle.clone();
     // The page padding goes out as one more slice (`bytes` keeps the chunk's own length).
     let pad = (padded_len(job.data.bytes) - job.data.bytes) as usize;
@@ -206,7 +209,7 @@ fn run_job(storage: &Storage, mut job: FlushJob) {
         if shuffle.deleted.load(Ordering::Acquire) {
             break;
         }
-        match write_all_at(&job.target.file, &job.data.slices, job.offset) {
+        match write_all_at(&job.target.file, &job.data.slices, job.offset, write_bytes) {
             Ok(()) => {
                 let mut maps = std::mem::take(&mut job.data.maps);
                 maps.sort_unstable();
@@ -290,19 +293,26 @@ fn relocate(
     }
 }
 
-/// Writes every slice at `offset` with as few `pwritev` calls as the kernel allows.
+/// Writes every slice at `offset` with `pwritev` calls that each end at or before the next
+/// multiple of `write_bytes` in the file (the kernel sizes new page-cache folios by the write).
 fn write_all_at(
     file: &std::fs::File,
     slices: &[bytes::Bytes],
     mut offset: u64,
+    write_bytes: usize,
 ) -> std::io::Result<()> {
     let mut idx = 0;
     let mut skip = 0usize; // bytes of slices[idx] already written
     while idx < slices.len() {
+        let mut room = write_bytes - (offset % write_bytes as u64) as usize;
         let iov: Vec<IoSlice<'_>> = std::iter::once(&slices[idx][skip..])
             .chain(slices[idx + 1..].iter().map(|b| &b[..]))
             .take(512)
-            .map(IoSlice::new)
+            .map_while(|s| {
+                let take = s.len().min(room);
+                room -= take;
+                (take > 0 || s.is_empty()).then(|| IoSlice::new(&s[..take]))
+            })
             .collect();
         let n = rustix::io::pwritev(file, &iov, offset).map_err(std::io::Error::from)?;
         if n == 0 {
@@ -341,7 +351,7 @@ mod tests {
     fn flusher_threads_run_below_the_servers_priority() {
         let dir = tempfile::tempdir().unwrap();
         let storage = Arc::new(Storage::open(&[dir.path().to_path_buf()], 0, 0));
-        let _f = Flushers::start(storage, 1, 7, Arc::new(|_| {}));
+        let _f = Flushers::start(storage, 1, 7, 256 << 10, Arc::new(|_| {}));
         let me = rustix::process::getpriority_process(None).unwrap();
         let want = (me + 7).min(19);
         let task_dir = std::path::Path::new("/proc/self/task");
@@ -394,7 +404,7 @@ mod tests {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let storage =
             Arc::new(Storage::open(&[a.path().to_path_buf(), b.path().to_path_buf()], 0, 0));
-        let flushers = Flushers::start(storage.clone(), 1, 0, Arc::new(|_| {}));
+        let flushers = Flushers::start(storage.clone(), 1, 0, 4096, Arc::new(|_| {}));
         let shuffle = Shuffle::new("app", 1, 1, 1);
         flush_once(&flushers, &shuffle, 1000);
         let first = shuffle.partitions[0].lock().file.clone().unwrap().dir.index;
@@ -426,14 +436,18 @@ mod tests {
 
     #[test]
     fn pwritev_writes_every_slice_in_order() {
-        let f = tempfile::tempfile().unwrap();
         let slices: Vec<bytes::Bytes> = (0..2000u32)
             .map(|i| bytes::Bytes::from(vec![(i % 251) as u8; (i % 7) as usize]))
             .collect();
-        write_all_at(&f, &slices, 5).unwrap();
         let want: Vec<u8> = slices.iter().flat_map(|s| s.iter().copied()).collect();
-        let mut got = vec![0u8; want.len()];
-        f.read_exact_at(&mut got, 5).unwrap();
-        assert_eq!(got, want);
+        // Writes bounded at every byte, at an odd size, at a page, and wider than the data.
+        for write_bytes in [1, 3, 4096, 1 << 20] {
+            let f = tempfile::tempfile().unwrap();
+            write_all_at(&f, &slices, 5, write_bytes).unwrap();
+            let mut got = vec![0u8; want.len()];
+            f.read_exact_at(&mut got, 5).unwrap();
+            assert_eq!(got, want, "write_bytes {write_bytes}");
+            assert_eq!(f.metadata().unwrap().len(), 5 + want.len() as u64);
+        }
     }
 }

@@ -88,8 +88,13 @@ impl ServerState {
         let body_pool = sluice_transport::BodyPool::new(
             usize::try_from(config.memory_budget_bytes).unwrap_or(usize::MAX),
         );
-        let flushers =
-            Flushers::start(storage.clone(), config.flushers_per_dir, config.flusher_nice, on_done);
+        let flushers = Flushers::start(
+            storage.clone(),
+            config.flushers_per_dir,
+            config.flusher_nice,
+            config.flush_write_bytes,
+            on_done,
+        );
         Arc::new(ServerState {
             config,
             budget,

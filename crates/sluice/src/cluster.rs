@@ -98,6 +98,11 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / hz
 }
 
+/// Peak resident memory (VmHWM) of this process in bytes: `sluice local`'s maps and readers.
+pub fn own_peak_rss_bytes() -> u64 {
+    proc_status_kib(std::process::id(), "VmHWM:") * 1024
+}
+
 fn proc_status_kib(pid: u32, key: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()

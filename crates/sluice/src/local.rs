@@ -208,6 +208,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
         "fetch_cpu_s_per_gb": per_gb(cpu_before_fetch, cpu_fetch, fetched),
         "server_peak_rss_bytes": peak_rss,
         "server_idle_rss_bytes": idle_rss,
+        "client_peak_rss_bytes": crate::cluster::own_peak_rss_bytes(),
         "busy_replies": busy,
         "sendfile_bytes": sendfile_bytes,
         "sendfile_calls": sendfile_calls,
