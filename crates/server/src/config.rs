@@ -36,7 +36,7 @@ pub struct ServerConfig {
     /// file). Linux sizes the page-cache folios a write creates by its length, and on a VM that
     /// hands free memory back to its host (free page reporting) the large folios of 4 MiB writes
     /// come from memory the host must fault in again. The first `sluice local` after an idle
-    /// spell pushed over 0.9 GB/s in 5 of 13 runs with 256 KiB writes, in none of 10 with
+    /// spell pushed over 0.9 GB/s in 5 of 13 runs with 256 KiB writes, in none of 13 with
     /// whole-chunk writes (0.66–0.78); warm runs alike (docs/benchmarks.md).
     pub flush_write_bytes: usize,
     /// Nice value added to the flusher threads (0–19; 0: the server's own priority). Above 0,
