@@ -43,6 +43,8 @@ async fn push_echo_and_file_fetch() {
     for t in tasks {
         t.await.unwrap();
     }
+    // Counted once the last `sendfile` returns, which may be after the client has the bytes.
+    eventually("three bodies counted", || server.stats.snapshot().sendfile_bytes >= 3 << 20).await;
     let s = server.stats.snapshot();
     assert_eq!(s.sendfile_bytes, 3 << 20);
     assert_eq!(s.connections_open, 1);
