@@ -82,6 +82,8 @@ public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseab
 
   private Frame chunk; // the chunk whose batches are being handed out
   private final ArrayDeque<ByteBuf> ready = new ArrayDeque<>();
+  private final ArrayDeque<Batch.Header> readyHeaders = new ArrayDeque<>();
+  private Batch.Header current; // the header of the batch next() returned last
   private int failovers;
   private int serverTurn;
   /** Positions in {@code servers} whose copy answered DATA_LOST: not read again. */
@@ -188,9 +190,18 @@ public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseab
       throw new NoSuchElementException();
     }
     ByteBuf b = ready.poll();
+    current = readyHeaders.poll();
     bytesRead += b.readableBytes();
     batchesRead++;
     return b;
+  }
+
+  /**
+   * The header of the batch {@link #next()} returned last (its map id, attempt id and batch id
+   * tell batches of one map apart); null before the first.
+   */
+  public Batch.Header header() {
+    return current;
   }
 
   private ShuffleAssignment.Server server() {
@@ -318,6 +329,7 @@ public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseab
       }
       c.seen.set(h.batchId());
       ready.add(payload);
+      readyHeaders.add(h);
     });
   }
 
@@ -377,6 +389,7 @@ public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseab
 
   private void releaseChunk() {
     ready.clear();
+    readyHeaders.clear();
     if (chunk != null) {
       chunk.release();
       chunk = null;

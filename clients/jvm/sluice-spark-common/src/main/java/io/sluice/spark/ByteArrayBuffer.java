@@ -52,6 +52,17 @@ final class ByteArrayBuffer extends OutputStream {
     size = 0;
   }
 
+  /**
+   * Forgets the content and, when the array grew beyond {@code keep} bytes, drops it for one of
+   * {@code keep} bytes, so a rare large write does not hold its memory for good.
+   */
+  void trimTo(int keep) {
+    size = 0;
+    if (bytes.length > keep) {
+      bytes = new byte[Math.max(16, keep)];
+    }
+  }
+
   /** Current capacity, for memory accounting. */
   int capacity() {
     return bytes.length;

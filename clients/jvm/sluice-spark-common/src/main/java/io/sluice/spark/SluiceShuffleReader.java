@@ -241,6 +241,10 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
     private final SerializerManager serializerManager = SparkEnv.get().serializerManager();
     private int partition = startPartition - 1;
     private ShuffleReaderClient client;
+    /** Puts the parts of a record too large for one batch back together. */
+    private final BatchPayload.Reassembler parts = new BatchPayload.Reassembler();
+    /** The stream {@link #batch} decodes; released once the next batch is taken. */
+    private ByteBuf stream;
     private Iterator<Tuple2<Object, Object>> batch;
     private boolean done;
 
@@ -292,6 +296,7 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
 
     /** Moves to the next batch, opening the next partition's stream when one runs out. */
     private boolean nextBatch() {
+      releaseStream();
       while (true) {
         if (client != null) {
           long start = System.nanoTime();
@@ -301,11 +306,16 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
           if (more) {
             metrics.incRemoteBlocksFetched(1);
             metrics.incRemoteBytesRead(payload.readableBytes());
-            batch = decode(payload);
+            stream = parts.accept(client.header(), payload);
+            if (stream == null) {
+              continue; // a part of a large record: the stream decodes once all parts are here
+            }
+            batch = decode(stream);
             return true;
           }
           client.close();
           client = null;
+          parts.finish(partition);
         }
         if (++partition >= endPartition) {
           return false;
@@ -321,8 +331,8 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
     }
 
     /**
-     * Records of one batch, decoded as they are consumed. The payload stays valid until the next
-     * call on the client, which comes only once these records are exhausted.
+     * Records of one serialization stream, decoded as they are consumed. The stream stays valid
+     * until the next batch is taken, which comes only once these records are exhausted.
      */
     private Iterator<Tuple2<Object, Object>> decode(ByteBuf payload) {
       ShuffleBlockId blockId = new ShuffleBlockId(handle.shuffleId(), 0L, partition);
@@ -330,7 +340,17 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
       return serializer.deserializeStream(in).asKeyValueIterator();
     }
 
+    private void releaseStream() {
+      batch = null;
+      if (stream != null) {
+        stream.release();
+        stream = null;
+      }
+    }
+
     void close() {
+      releaseStream();
+      parts.close();
       if (client != null) {
         try {
           client.close();

@@ -3,7 +3,6 @@ package io.sluice.spark;
 import io.sluice.client.ShuffleWriterClient;
 import io.sluice.client.SluiceException;
 import io.sluice.client.TransportClientFactory;
-import io.sluice.protocol.ErrorCode;
 import java.io.IOException;
 import java.io.OutputStream;
 import org.apache.spark.Partitioner;
@@ -43,6 +42,8 @@ import scala.reflect.ClassTag$;
 final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
   private static final Logger LOG = LoggerFactory.getLogger(SluiceShuffleWriter.class);
   private static final ClassTag<Object> ANY = ClassTag$.MODULE$.Any();
+  /** Capacity a scratch array keeps after a large record went through it. */
+  private static final int SCRATCH_KEEP_BYTES = 4 << 20;
 
   private final SluiceShuffleHandle<K, V, C> handle;
   private final ShuffleDependency<K, V, C> dep;
@@ -174,7 +175,9 @@ final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
       int buffered = buffers.write(partition, record._1(), record._2());
       metrics.incRecordsWritten(1);
       if (buffered >= conf.partitionBufferBytes()) {
-        flush(partition, false); // a full partition keeps its array: it fills again soon
+        // A full partition keeps its array (it fills again soon), unless a large record made it
+        // far larger than a batch.
+        flush(partition, buffered > 2 * conf.partitionBufferBytes());
       }
       if (buffers.heldBytes() > conf.writerBufferBytes()) {
         // Send the largest until half the budget is free, so the scan over partitions is amortized.
@@ -206,29 +209,33 @@ final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
 
   /**
    * Compresses partition {@code p}'s buffered records into one batch and hands it to the client;
-   * {@code release} drops the partition's array afterwards.
+   * {@code release} drops the partition's array afterwards. A batch is cut at the first record
+   * past partitionBufferBytes, so only a single record (serialized and compressed) larger than
+   * one frame makes a stream too large for one batch: it goes out in parts (see
+   * {@link BatchPayload}).
    */
   private void flush(int p, boolean release) throws IOException {
     ByteArrayBuffer compressed = buffers.compressionScratch();
     compressed.reset();
+    compressed.write(BatchPayload.WHOLE);
     ShuffleBlockId blockId = new ShuffleBlockId(dep.shuffleId(), context.taskAttemptId(), p);
     try (OutputStream out = serializerManager.wrapStream(blockId, compressed)) {
       buffers.drainTo(p, out, release);
     }
-    if (compressed.size() > client.maxBatchPayload()) {
-      // A batch is cut at the first record past partitionBufferBytes, so only a single record
-      // (serialized and compressed) this large gets here.
-      throw new SluiceException(ErrorCode.INVALID_REQUEST, "map " + mapIndex() + " of shuffle "
-          + dep.shuffleId() + ": a record of partition " + p + " takes " + compressed.size()
-          + " bytes serialized, over the " + client.maxBatchPayload() + " one batch may hold;"
-          + " records this large need spark.sluice.client.maxFrameBytes and the servers'"
-          + " transport.max_frame_bytes (both up to 1g) raised above their size");
-    }
+    int size = compressed.size();
     long start = System.nanoTime();
     // The client copies the bytes into its per-server frame, so the scratch buffer is reused.
-    client.addBatch(p, compressed.array(), 0, compressed.size());
+    if (size <= client.maxBatchPayload()) {
+      client.addBatch(p, compressed.array(), 0, size);
+    } else {
+      int parts = BatchPayload.addParts(client, p, compressed.array(), 1, size - 1);
+      LOG.debug("Map {} attempt {}: a record of partition {} took {} bytes serialized, sent as"
+          + " {} batches", mapIndex(), attemptId(), p, size - 1, parts);
+    }
     metrics.incWriteTime(System.nanoTime() - start);
-    metrics.incBytesWritten(compressed.size());
+    metrics.incBytesWritten(size);
+    // A large record's arrays are not kept for the next batches, which are small again.
+    compressed.trimTo(SCRATCH_KEEP_BYTES);
   }
 
   @Override
@@ -405,6 +412,7 @@ final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
       stream.writeValue(value, ANY);
       stream.flush();
       buffer.write(scratch.array(), 0, scratch.size());
+      scratch.trimTo(SCRATCH_KEEP_BYTES);
     }
   }
 
