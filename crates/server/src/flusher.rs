@@ -13,6 +13,9 @@
 //! freed (its memory stays reserved meanwhile, so pushers get `Busy`) before the partition is
 //! marked lost.
 //!
+//! A chunk's batches are written grouped by map attempt (see `shuffle::group_by_attempt`), so a
+//! reader of some attempts is served a few byte ranges of it, not all of it.
+//!
 //! Chunks start at 4 KiB-aligned offsets and each write is padded with zeros to a whole page, so
 //! writing into a recycled file (see `storage`) never has the kernel read a partial page first.
 
@@ -23,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use crate::shuffle::{Buffered, Chunk, OpenFile, Partition, Shuffle};
+use crate::shuffle::{group_by_attempt, Buffered, Chunk, OpenFile, Partition, Shuffle};
 use crate::storage::{create_file, DataDir, Storage};
 
 /// How long a chunk that no directory has room for waits for space before its partition is
@@ -200,6 +203,8 @@ fn open_next_file(
 
 fn run_job(storage: &Storage, mut job: FlushJob, write_bytes: usize) {
     let shuffle = job.shuffle.clone();
+    let runs = std::mem::take(&mut job.data.runs);
+    let mut runs = group_by_attempt(&mut job.data.slices, &runs);
     // The page padding goes out as one more slice (`bytes` keeps the chunk's own length).
     let pad = (padded_len(job.data.bytes) - job.data.bytes) as usize;
     if pad > 0 {
@@ -211,14 +216,11 @@ fn run_job(storage: &Storage, mut job: FlushJob, write_bytes: usize) {
         }
         match write_all_at(&job.target.file, &job.data.slices, job.offset, write_bytes) {
             Ok(()) => {
-                let mut maps = std::mem::take(&mut job.data.maps);
-                maps.sort_unstable();
-                maps.dedup();
                 let chunk = Chunk {
                     file: job.target.file.clone(),
                     offset: job.offset,
                     len: job.data.bytes,
-                    maps,
+                    runs: std::mem::take(&mut runs),
                 };
                 shuffle.partitions[job.partition as usize].lock().chunks.push(chunk);
                 break;
@@ -388,7 +390,7 @@ mod tests {
     fn flush_once(flushers: &Flushers, shuffle: &Arc<Shuffle>, bytes: usize) {
         let mut p = shuffle.partitions[0].lock();
         p.buffer.slices.push(bytes::Bytes::from(vec![7u8; bytes]));
-        p.buffer.maps.push(0);
+        p.buffer.runs.push(crate::shuffle::Run { map_id: 0, attempt_id: 0, len: bytes as u32 });
         p.buffer.bytes = bytes as u64;
         flushers.submit(shuffle, 0, &mut p).expect("a directory takes it");
         drop(p);

@@ -1,8 +1,10 @@
 //! Applications, shuffles and their partitions: buffers, files and chunk index.
 //!
 //! A partition holds in-memory slices of pushed bodies (each with its budget reservation) until
-//! they are flushed, then a list of chunks: `(file, offset, length, map ids)`. Readers fetch chunks;
-//! a map sub-range read serves only the chunks that hold one of its maps.
+//! they are flushed, then a list of chunks: `(file, offset, length, runs)`, a run being the bytes
+//! of one map attempt in the chunk. A stream serves, of each chunk, the byte ranges of the map
+//! attempts it reads: a map sub-range read, or a read that skips losing attempts, moves only the
+//! bytes it keeps.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -14,12 +16,19 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use sluice_proto::message::MapAttempt;
 use tokio::sync::Notify;
 
 use crate::flusher::padded_len;
 use crate::memory_budget::Reservation;
 use crate::storage::DataDir;
+
+/// Consecutive batches of one map attempt: `len` bytes, batch headers included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    pub map_id: u32,
+    pub attempt_id: u32,
+    pub len: u32,
+}
 
 /// A flushed region of a partition file.
 #[derive(Debug, Clone)]
@@ -27,25 +36,56 @@ pub struct Chunk {
     pub file: Arc<File>,
     pub offset: u64,
     pub len: u64,
-    /// Map ids with at least one batch in the chunk, sorted, unique.
-    pub maps: Vec<u32>,
+    /// The chunk's bytes, in order, as runs of one map attempt each, sorted by `(map, attempt)`
+    /// with one run per attempt (the flusher writes a chunk's batches grouped so), so a reader
+    /// is sent the byte ranges of the attempts it reads and nothing else.
+    pub runs: Box<[Run]>,
 }
 
 impl Chunk {
     /// Whether the chunk holds a batch of a map in `[start, end)`.
     pub fn has_map_in(&self, start: u32, end: u32) -> bool {
-        let i = self.maps.partition_point(|m| *m < start);
-        self.maps.get(i).is_some_and(|m| *m < end)
+        let i = self.runs.partition_point(|r| r.map_id < start);
+        self.runs.get(i).is_some_and(|r| r.map_id < end)
     }
 
-    /// Whether the chunk holds a batch of one of `attempts`' maps (ascending map ids).
-    pub fn has_any_map(&self, attempts: &[MapAttempt]) -> bool {
-        if self.maps.len() <= attempts.len() {
-            self.maps.iter().any(|m| attempts.binary_search_by_key(m, |a| a.map_id).is_ok())
-        } else {
-            attempts.iter().any(|a| self.maps.binary_search(&a.map_id).is_ok())
+    /// The byte ranges of the file, ascending and with adjacent ones merged, that hold the
+    /// chunk's batches of map attempts `wanted` says yes to. Empty when it holds none.
+    pub fn ranges(&self, mut wanted: impl FnMut(u32, u32) -> bool) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        let mut at = self.offset;
+        for r in self.runs.iter() {
+            if wanted(r.map_id, r.attempt_id) {
+                match out.last_mut() {
+                    Some((o, l)) if *o + *l == at => *l += r.len as u64,
+                    _ => out.push((at, r.len as u64)),
+                }
+            }
+            at += r.len as u64;
+        }
+        out
+    }
+}
+
+/// Groups a chunk's slices by map attempt: reorders `slices` (one per run of `runs`, same
+/// order) so each attempt's come together, in `(map, attempt)` order and, within an attempt, in
+/// the order they came; returns the chunk's runs, one per attempt. Batch order across attempts
+/// means nothing to readers (each batch names its map, attempt and batch id).
+pub fn group_by_attempt(slices: &mut Vec<Bytes>, runs: &[Run]) -> Box<[Run]> {
+    debug_assert_eq!(slices.len(), runs.len());
+    let mut order: Vec<usize> = (0..runs.len()).collect();
+    order.sort_by_key(|&i| (runs[i].map_id, runs[i].attempt_id)); // stable
+    let mut taken: Vec<Option<Bytes>> = std::mem::take(slices).into_iter().map(Some).collect();
+    let mut grouped: Vec<Run> = Vec::new();
+    for i in order {
+        slices.push(taken[i].take().expect("each slice once"));
+        let r = runs[i];
+        match grouped.last_mut() {
+            Some(g) if (g.map_id, g.attempt_id) == (r.map_id, r.attempt_id) => g.len += r.len,
+            _ => grouped.push(r),
         }
     }
+    grouped.into_boxed_slice()
 }
 
 /// The file a partition currently appends to.
@@ -59,9 +99,11 @@ pub struct OpenFile {
 /// Bytes waiting in memory to be flushed, with the reservations that pay for them.
 #[derive(Debug, Default)]
 pub struct Buffered {
+    /// Pushed bytes, one slice per run of `runs`.
     pub slices: Vec<Bytes>,
+    /// Which map attempt each slice's batches are of.
+    pub runs: Vec<Run>,
     pub reservations: Vec<Arc<Reservation>>,
-    pub maps: Vec<u32>,
     pub bytes: u64,
 }
 
@@ -274,27 +316,43 @@ impl Default for App {
 mod tests {
     use super::*;
 
+    fn run(map_id: u32, attempt_id: u32, len: u32) -> Run {
+        Run { map_id, attempt_id, len }
+    }
+
     #[test]
-    fn chunk_map_range() {
+    fn chunk_map_range_and_byte_ranges() {
         let c = Chunk {
             file: Arc::new(tempfile::tempfile().unwrap()),
-            offset: 0,
-            len: 1,
-            maps: vec![3, 7, 9],
+            offset: 4096,
+            len: 100,
+            runs: vec![run(3, 0, 10), run(3, 1, 20), run(7, 0, 30), run(9, 2, 40)].into(),
         };
         assert!(c.has_map_in(0, 4));
         assert!(!c.has_map_in(4, 7));
         assert!(c.has_map_in(7, 8));
         assert!(!c.has_map_in(10, 20));
         assert!(!c.has_map_in(5, 5));
-        let named = |ids: &[u32]| -> Vec<MapAttempt> {
-            ids.iter().map(|&map_id| MapAttempt { map_id, attempt_id: 0 }).collect()
-        };
-        assert!(c.has_any_map(&named(&[7])));
-        assert!(c.has_any_map(&named(&[0, 1, 2, 4, 9])), "more names than maps");
-        assert!(!c.has_any_map(&named(&[0, 4, 8, 10])));
-        assert!(!c.has_any_map(&named(&[8])), "fewer names than maps");
-        assert!(!c.has_any_map(&[]));
+        assert_eq!(c.ranges(|_, _| true), vec![(4096, 100)], "all of it: one range");
+        assert_eq!(c.ranges(|_, _| false), vec![]);
+        // Map 3's losing attempt 1 left out: two ranges around it.
+        assert_eq!(
+            c.ranges(|m, a| a == [0, 0, 0, 0, 0, 0, 0, 0, 0, 2][m as usize]),
+            vec![(4096, 10), (4126, 70)]
+        );
+        assert_eq!(c.ranges(|m, _| (7..10).contains(&m)), vec![(4126, 70)]);
+        assert_eq!(c.ranges(|m, a| m == 3 && a == 1), vec![(4106, 20)]);
+    }
+
+    #[test]
+    fn grouping_orders_attempts_and_keeps_each_ones_order() {
+        let b = |s: &'static str| Bytes::from_static(s.as_bytes());
+        let mut slices = vec![b("9a"), b("3a"), b("9b"), b("3x"), b("3b"), b("1a")];
+        let runs =
+            [run(9, 0, 2), run(3, 0, 2), run(9, 0, 2), run(3, 5, 2), run(3, 0, 2), run(1, 0, 2)];
+        let grouped = group_by_attempt(&mut slices, &runs);
+        assert_eq!(slices, vec![b("1a"), b("3a"), b("3b"), b("3x"), b("9a"), b("9b")]);
+        assert_eq!(&*grouped, &[run(1, 0, 2), run(3, 0, 4), run(3, 5, 2), run(9, 0, 4)]);
     }
 
     #[test]

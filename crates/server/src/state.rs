@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use sluice_proto::batch::validate_batches;
+use sluice_proto::batch::{validate_batches, BATCH_HEADER_LEN};
 use sluice_proto::message::*;
 use sluice_proto::ErrorCode;
 use sluice_transport::{Body, FileRegion, Response};
@@ -15,7 +15,7 @@ use sluice_transport::{Body, FileRegion, Response};
 use crate::config::ServerConfig;
 use crate::flusher::Flushers;
 use crate::memory_budget::{MemoryBudget, Pressure, Reservation};
-use crate::shuffle::{App, Chunk, MapEnd, Shuffle};
+use crate::shuffle::{App, Chunk, MapEnd, Run, Shuffle};
 use crate::stats::Stats;
 use crate::storage::Storage;
 
@@ -37,8 +37,34 @@ pub struct Admitted {
 /// pooled connection, so it lives until `CloseStream`, its shuffle's deletion, or idleness.
 struct Stream {
     shuffle: Arc<Shuffle>,
-    chunks: Vec<Chunk>,
+    chunks: Vec<ServedChunk>,
     last_used: Instant,
+}
+
+/// What a stream sends of one chunk: the file ranges holding the batches it reads.
+struct ServedChunk {
+    file: Arc<std::fs::File>,
+    ranges: Vec<(u64, u64)>,
+    len: u64,
+}
+
+impl ServedChunk {
+    /// The ranges of `chunk` holding batches of the attempts in `committed` (sorted by map id,
+    /// one attempt per map); `None` when it holds none.
+    fn of(chunk: &Chunk, committed: &[CommittedMap]) -> Option<ServedChunk> {
+        let ranges = chunk.ranges(|map, attempt| {
+            committed
+                .binary_search_by_key(&map, |c| c.map_id)
+                .is_ok_and(|i| committed[i].attempt_id == attempt)
+        });
+        let len = ranges.iter().map(|r| r.1).sum();
+        (len > 0).then(|| ServedChunk { file: chunk.file.clone(), ranges, len })
+    }
+
+    fn body(&self) -> Body {
+        let region = |&(offset, len): &(u64, u64)| FileRegion::new(self.file.clone(), offset, len);
+        Body::from(self.ranges.iter().map(region).collect::<Vec<_>>())
+    }
 }
 
 /// A stream not fetched from for this long is dropped (its reader is gone).
@@ -237,7 +263,9 @@ impl ServerState {
         }
         let nparts = shuffle.partitions.len() as u32;
         // Check every section before storing any: a bad batch rejects the whole push.
-        let mut maps_of = Vec::with_capacity(sections.len());
+        // Each section as runs of consecutive batches of one map attempt (a writer is one map
+        // attempt, so one run per section but for odd clients).
+        let mut runs_of = Vec::with_capacity(sections.len());
         for &(pid, off, len) in sections {
             if pid >= nparts {
                 return fail(
@@ -245,17 +273,21 @@ impl ServerState {
                     format!("partition {pid} of a {nparts}-partition shuffle"),
                 );
             }
-            let mut maps = Vec::new();
+            let mut runs: Vec<Run> = Vec::with_capacity(1);
             validate_batches(&body[off..off + len], |h| {
-                if maps.last() != Some(&h.map_id) {
-                    maps.push(h.map_id)
+                let size = BATCH_HEADER_LEN as u32 + h.length;
+                match runs.last_mut() {
+                    Some(r) if (r.map_id, r.attempt_id) == (h.map_id, h.attempt_id) => {
+                        r.len += size
+                    }
+                    _ => runs.push(Run { map_id: h.map_id, attempt_id: h.attempt_id, len: size }),
                 }
             })
             .map_err(|e| (e.code(), e.to_string()))?;
-            maps_of.push(maps);
+            runs_of.push(runs);
         }
         let reservation = reservation.map(Arc::new);
-        for (&(pid, off, len), maps) in sections.iter().zip(maps_of) {
+        for (&(pid, off, len), runs) in sections.iter().zip(runs_of) {
             let mut p = shuffle.partitions[pid as usize].lock();
             if shuffle.is_committed() {
                 return fail(
@@ -276,11 +308,15 @@ impl ServerState {
             if p.buffer.bytes > 0 && p.buffer.bytes + len as u64 > self.config.chunk_bytes {
                 self.submit_flush(&shuffle, pid, &mut p)?;
             }
-            p.buffer.slices.push(body.slice(off..off + len));
+            let mut at = off;
+            for r in runs {
+                p.buffer.slices.push(body.slice(at..at + r.len as usize));
+                p.buffer.runs.push(r);
+                at += r.len as usize;
+            }
             if let Some(r) = &reservation {
                 p.buffer.reservations.push(r.clone());
             }
-            p.buffer.maps.extend(maps);
             p.buffer.bytes += len as u64;
             p.accepted_bytes += len as u64;
             if p.buffer.bytes >= self.config.chunk_bytes {
@@ -499,34 +535,8 @@ impl ServerState {
                 format!("partition {} does not exist", o.partition_id),
             );
         };
-        let chunks: Vec<Chunk> = {
-            let p = p.lock();
-            if let Some(why) = &p.lost {
-                return fail(
-                    ErrorCode::DataLost,
-                    format!("partition {} lost: {why}", o.partition_id),
-                );
-            }
-            if o.attempts.is_empty() {
-                p.chunks.iter().filter(|c| c.has_map_in(o.map_start, o.map_end)).cloned().collect()
-            } else {
-                p.chunks.iter().filter(|c| c.has_any_map(&o.attempts)).cloned().collect()
-            }
-        };
-        // Each chunk goes out as one ChunkData frame, which must fit the frames this connection
-        // agreed on: a reader that proposed smaller frames than the writers used would otherwise
-        // fail on the first large chunk, after the stream was opened, with no hint why.
-        let room = (max_frame as u64).saturating_sub(chunk_frame_overhead());
-        if let Some((i, c)) = chunks.iter().enumerate().find(|(_, c)| c.len > room) {
-            return fail(
-                ErrorCode::InvalidRequest,
-                format!(
-                    "chunk {i} of partition {} is {} bytes, over the {max_frame}-byte frames this \
-                     connection agreed on: the client's max_frame_bytes must be at least the \
-                     servers' chunk_bytes plus 1 KiB, and at least the writers' frame size",
-                    o.partition_id, c.len
-                ),
-            );
+        if let Some(why) = &p.lock().lost {
+            return fail(ErrorCode::DataLost, format!("partition {} lost: {why}", o.partition_id));
         }
         if let Some(a) = o.attempts.last().filter(|a| a.map_id >= shuffle.num_maps) {
             return fail(
@@ -561,6 +571,36 @@ impl ServerState {
         };
         drop(maps);
         committed.sort_unstable_by_key(|c| c.map_id);
+        // Of each chunk, only the batches of the attempts read: other maps' (a map sub-range
+        // read) and losing attempts' stay on disk. Chunks are immutable once the shuffle is
+        // readable.
+        let chunks: Vec<ServedChunk> = {
+            let p = p.lock();
+            let (start, end) = match (committed.first(), committed.last()) {
+                (Some(f), Some(l)) => (f.map_id, l.map_id + 1),
+                _ => (0, 0),
+            };
+            p.chunks
+                .iter()
+                .filter(|c| c.has_map_in(start, end))
+                .filter_map(|c| ServedChunk::of(c, &committed))
+                .collect()
+        };
+        // Each chunk goes out as one ChunkData frame, which must fit the frames this connection
+        // agreed on: a reader that proposed smaller frames than the writers used would otherwise
+        // fail on the first large chunk, after the stream was opened, with no hint why.
+        let room = (max_frame as u64).saturating_sub(chunk_frame_overhead());
+        if let Some((i, c)) = chunks.iter().enumerate().find(|(_, c)| c.len > room) {
+            return fail(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "chunk {i} of partition {} is {} bytes, over the {max_frame}-byte frames this \
+                     connection agreed on: the client's max_frame_bytes must be at least the \
+                     servers' chunk_bytes plus 1 KiB, and at least the writers' frame size",
+                    o.partition_id, c.len
+                ),
+            );
+        }
         let stream_id = self.next_stream.fetch_add(1, Ordering::Relaxed);
         let chunk_lengths = chunks.iter().map(|c| c.len as u32).collect();
         self.streams.lock().insert(
@@ -587,7 +627,7 @@ impl ServerState {
         self.stats.fetched_bytes.fetch_add(c.len, Ordering::Relaxed);
         Ok(Response {
             message: ChunkData { stream_id: f.stream_id, chunk_index: f.chunk_index }.into(),
-            body: Body::File(FileRegion { file: c.file.clone(), offset: c.offset, len: c.len }),
+            body: c.body(),
         })
     }
 

@@ -120,11 +120,48 @@ async fn retried_and_speculative_attempts_read_once() {
         assert_eq!(per_attempt[&(0, 1)], (0..40).collect::<Vec<_>>());
         assert_eq!(per_attempt[&(1, 0)], (0..30).collect::<Vec<_>>());
         assert_eq!(per_attempt[&(2, 0)], (0..20).collect::<Vec<_>>());
-        // The losers' batches were there and filtered: 6 of map 0 attempt 0, and one per
-        // partition of map 1 attempt 1.
-        assert_eq!(dropped, 6 + parts as u64, "batches dropped by the readers");
+        // The losers' batches (6 of map 0 attempt 0, one per partition of map 1 attempt 1) were
+        // stored, but the servers sent none of them: the readers had nothing to drop.
+        assert_eq!(dropped, 0, "batches dropped by the readers");
+        // Named explicitly, map 1's losing attempt is served, as many bytes as the winner (the
+        // same records), and a stream of both maps 1 and 2 more than either alone.
+        for p in 0..parts {
+            let named = |attempts: &[(u32, u32)]| {
+                attempts
+                    .iter()
+                    .map(|&(map_id, attempt_id)| MapAttempt { map_id, attempt_id })
+                    .collect::<Vec<_>>()
+            };
+            let winner = served_bytes(&client, &a, p, 1, 2, named(&[(1, 0)])).await;
+            let loser = served_bytes(&client, &a, p, 1, 2, named(&[(1, 1)])).await;
+            let with_map_2 = served_bytes(&client, &a, p, 1, 3, named(&[(1, 1), (2, 0)])).await;
+            assert!(winner > 0 && winner == loser, "partition {p}: {winner} vs {loser} bytes");
+            assert!(with_map_2 > loser, "partition {p}: {with_map_2} vs {loser} bytes");
+        }
     })
     .await
+}
+
+/// Bytes the servers of the shuffle would send for a stream over `[start, end)` of partition
+/// `p` that names `attempts` (the sum of its chunk lengths).
+async fn served_bytes(
+    client: &sluice_client::ShuffleClient,
+    a: &Assignment,
+    p: u32,
+    start: u32,
+    end: u32,
+    attempts: Vec<MapAttempt>,
+) -> u64 {
+    let mut total = 0;
+    for addr in addrs_of(a) {
+        match stream_handle(client, addr, p, (start, end), attempts.clone()).await {
+            Ok(h) => total += h.chunk_lengths.iter().map(|&l| l as u64).sum::<u64>(),
+            // This server holds none of the partition's batches of those attempts.
+            Err(e) if e.code() == ErrorCode::DataLost => {}
+            Err(e) => panic!("OpenStream on {addr}: {e}"),
+        }
+    }
+    total
 }
 
 /// Push frames for one batch of map 0 attempt 0.

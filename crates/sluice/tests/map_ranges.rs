@@ -1,41 +1,27 @@
 //! AQE-style map sub-range reads: `[0,3)` and `[3,8)` partition the full `[0,8)` read exactly,
-//! and a sub-range stream serves fewer chunks when the maps were flushed into different chunks.
+//! a sub-range stream serves fewer chunks when the maps were flushed into different chunks, and
+//! of a chunk shared with other maps only its own maps' bytes.
 
 mod utils;
 
-use sluice_proto::message::*;
-use sluice_proto::Message;
 use utils::*;
 
 const MAPS: u32 = 8;
 const PARTS: u32 = 4;
 
-/// Chunks a stream over `[start, end)` of partition `p` would serve.
+/// Chunks a stream over `[start, end)` of partition `p` would serve, and their bytes.
 async fn chunk_count(
     client: &sluice_client::ShuffleClient,
     addr: std::net::SocketAddr,
     p: u32,
     start: u32,
     end: u32,
-) -> usize {
-    let open = OpenStream {
-        app_id: client.app_id().into(),
-        shuffle_id: 1,
-        partition_id: p,
-        map_start: start,
-        map_end: end,
-        attempts: vec![],
-    };
-    match client.request(addr, open.into()).await {
-        Ok(Message::StreamHandle(h)) => {
-            for c in &h.committed {
-                assert!((start..end).contains(&c.map_id), "committed map outside the range: {c:?}");
-            }
-            let _ = client.request(addr, CloseStream { stream_id: h.stream_id }.into()).await;
-            h.chunk_lengths.len()
-        }
-        other => panic!("OpenStream [{start},{end}): {other:?}"),
+) -> (usize, u64) {
+    let h = stream_handle(client, addr, p, (start, end), vec![]).await.expect("OpenStream");
+    for c in &h.committed {
+        assert!((start..end).contains(&c.map_id), "committed map outside the range: {c:?}");
     }
+    (h.chunk_lengths.len(), h.chunk_lengths.iter().map(|&l| l as u64).sum())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,17 +68,25 @@ async fn map_sub_ranges_partition_the_full_read() {
             union.sort_unstable();
             assert_eq!(union, full.ids(), "partition {p}: sub-ranges vs. full read");
             // Chunks shared across the boundary (map 2's small batches flushed with map 3's
-            // large one, when pushes arrive in that order) are filtered by the reader.
+            // large one, when pushes arrive in that order) are sent in part: only the range's
+            // batches, so the reader has nothing to filter.
+            assert_eq!(low.batches_dropped + high.batches_dropped, 0, "partition {p}: filtered");
 
-            let n_full = chunk_count(&client, server.addr, p, 0, MAPS).await;
-            let n_low = chunk_count(&client, server.addr, p, 0, 3).await;
-            let n_high = chunk_count(&client, server.addr, p, 3, MAPS).await;
-            let n_none = chunk_count(&client, server.addr, p, 5, 5).await;
+            let (n_full, b_full) = chunk_count(&client, server.addr, p, 0, MAPS).await;
+            let (n_low, b_low) = chunk_count(&client, server.addr, p, 0, 3).await;
+            let (n_high, b_high) = chunk_count(&client, server.addr, p, 3, MAPS).await;
+            let (n_none, _) = chunk_count(&client, server.addr, p, 5, 5).await;
+            let (n_one, b_one) = chunk_count(&client, server.addr, p, 4, 5).await;
             eprintln!(
-                "partition {p}: chunks full {n_full}, [0,3) {n_low}, [3,8) {n_high}; batches \
-                 filtered {}",
-                low.batches_dropped + high.batches_dropped
+                "partition {p}: chunks full {n_full}, [0,3) {n_low}, [3,8) {n_high}; bytes full \
+                 {b_full}, [0,3) {b_low}, [3,8) {b_high}, map 4 {b_one} in {n_one} chunks"
             );
+            assert_eq!(b_low + b_high, b_full, "partition {p}: sub-ranges' bytes add up");
+            // Map 4's batches alone: the large record's, and one holding its 3 small records of
+            // 104 bytes (each record framed with its u32 length, each batch with its header).
+            let want = (20 + 4 + 70_000) + (20 + 3 * (4 + 104));
+            assert!(n_one >= 1, "partition {p}: map 4 in no chunk");
+            assert_eq!(b_one, want, "partition {p}: map 4 alone");
             assert!(
                 n_full >= MAPS as usize,
                 "partition {p}: maps were not flushed apart ({n_full} chunks)"

@@ -74,6 +74,10 @@ pub enum Body {
     Memory(Bytes),
     /// A file region, sent with `sendfile` (or the copy path when zero copy is off).
     File(FileRegion),
+    /// File regions sent one after another as one body, each as [`Body::File`] is: a server
+    /// serving only some byte ranges of a chunk (the batches a reader asked for) without copying
+    /// them together first.
+    Files(Arc<[FileRegion]>),
 }
 
 impl Body {
@@ -83,7 +87,34 @@ impl Body {
             Body::Empty => 0,
             Body::Memory(b) => b.len() as u64,
             Body::File(r) => r.len,
+            Body::Files(rs) => rs.iter().map(|r| r.len).sum(),
         }
+    }
+
+    /// Whether the body is read from files ([`Body::File`] or [`Body::Files`]).
+    pub fn is_file(&self) -> bool {
+        matches!(self, Body::File(_) | Body::Files(_))
+    }
+
+    /// The file regions of a file body, in order; none for the others.
+    pub fn regions(&self) -> &[FileRegion] {
+        match self {
+            Body::File(r) => std::slice::from_ref(r),
+            Body::Files(rs) => rs,
+            Body::Empty | Body::Memory(_) => &[],
+        }
+    }
+
+    /// The region of a file body that holds its byte `off`, with `off`'s position inside that
+    /// region; `None` past the end (or for a body not read from files).
+    pub fn region_at(&self, mut off: u64) -> Option<(&FileRegion, u64)> {
+        for r in self.regions() {
+            if off < r.len {
+                return Some((r, off));
+            }
+            off -= r.len;
+        }
+        None
     }
 
     /// Whether the body has no bytes.
@@ -108,6 +139,17 @@ impl From<FileRegion> for Body {
     }
 }
 
+impl From<Vec<FileRegion>> for Body {
+    /// One region stays a [`Body::File`]; none is [`Body::Empty`].
+    fn from(mut rs: Vec<FileRegion>) -> Body {
+        match rs.len() {
+            0 => Body::Empty,
+            1 => Body::File(rs.pop().expect("one region")),
+            _ => Body::Files(rs.into()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,6 +165,25 @@ mod tests {
         let e = FileRegion::new(f.clone(), 90, 11).check_len().unwrap_err();
         assert!(matches!(e, TransportError::FileTruncated { file_len: 100, .. }));
         assert!(FileRegion::new(f, u64::MAX, 2).check_len().is_err());
+    }
+
+    #[test]
+    fn a_body_of_several_regions_is_their_concatenation() {
+        let f = Arc::new(tempfile::tempfile().unwrap());
+        let r = |offset, len| FileRegion::new(f.clone(), offset, len);
+        let body = Body::from(vec![r(100, 10), r(0, 0), r(4096, 5)]);
+        assert!(body.is_file());
+        assert_eq!(body.len(), 15);
+        assert_eq!(body.regions().len(), 3);
+        let at = |off| body.region_at(off).map(|(r, within)| (r.offset, within));
+        assert_eq!(at(0), Some((100, 0)));
+        assert_eq!(at(9), Some((100, 9)));
+        assert_eq!(at(10), Some((4096, 0)), "the empty region is skipped");
+        assert_eq!(at(14), Some((4096, 4)));
+        assert_eq!(at(15), None);
+        assert!(matches!(Body::from(vec![r(7, 3)]), Body::File(ref one) if one.offset == 7));
+        assert!(matches!(Body::from(Vec::<FileRegion>::new()), Body::Empty));
+        assert!(Body::from(Bytes::from_static(b"x")).regions().is_empty());
     }
 
     #[cfg(target_os = "linux")]

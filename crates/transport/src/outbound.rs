@@ -117,7 +117,7 @@ impl OutFrame {
         encode_head(request_id, message, body.len(), max_frame_bytes, &mut head)?;
         let head = head.freeze();
         let mem_bytes = head.len() + if let Body::Memory(b) = &body { b.len() } else { 0 };
-        let file_frames = matches!(body, Body::File(_)) as usize;
+        let file_frames = body.is_file() as usize;
         Ok(OutFrame { request_id, head, body, head_off: 0, body_off: 0, mem_bytes, file_frames })
     }
 
@@ -387,7 +387,7 @@ impl Writer {
                 return Ok(());
             }
             let front = &self.queue[0];
-            let moved = if front.head_done() && matches!(front.body, Body::File(_)) {
+            let moved = if front.head_done() && front.body.is_file() {
                 self.send_file_body().await?
             } else {
                 self.write_gathered().await?
@@ -404,14 +404,12 @@ impl Writer {
     /// its region since it was queued is replaced, before any of it is written, by a `DATA_LOST`
     /// error for the requester (the writer's own check; producers check too).
     fn enqueue(&mut self, mut f: OutFrame) {
-        if let Body::File(region) = &f.body {
-            if let Err(e) = region.check_len() {
-                tracing::warn!(request_id = f.request_id, error = %e, "file body truncated; answering DATA_LOST");
-                TransportStats::add(&self.shared.stats.file_regions_truncated, 1);
-                let err = OutFrame::error(f.request_id, ErrorCode::DataLost, e.to_string());
-                f.head = err.head;
-                f.body = Body::Empty;
-            }
+        if let Some(e) = f.body.regions().iter().find_map(|r| r.check_len().err()) {
+            tracing::warn!(request_id = f.request_id, error = %e, "file body truncated; answering DATA_LOST");
+            TransportStats::add(&self.shared.stats.file_regions_truncated, 1);
+            let err = OutFrame::error(f.request_id, ErrorCode::DataLost, e.to_string());
+            f.head = err.head;
+            f.body = Body::Empty;
         }
         self.queue.push_back(f);
     }
@@ -442,7 +440,7 @@ impl Writer {
                         bytes += b.len() - start;
                     }
                 }
-                Body::File(_) => break,
+                Body::File(_) | Body::Files(_) => break,
                 Body::Empty => {}
             }
         }
@@ -492,14 +490,15 @@ impl Writer {
         self.shared.release(mem, files);
     }
 
-    /// Sends (part of) the front frame's file body and retires the frame when it is done.
+    /// Sends (part of) the front frame's file body, from one of its regions, and retires the
+    /// frame when it is done.
     async fn send_file_body(&mut self) -> Result<u64, TransportError> {
         let f = self.queue.front_mut().expect("front frame");
-        let Body::File(region) = &f.body else { unreachable!("front body is a file") };
+        let (region, within) = f.body.region_at(f.body_off).expect("front body has bytes left");
         let region = region.clone();
         let moved = if self.zero_copy {
-            let mut off = region.offset + f.body_off;
-            let want = usize::try_from(region.len - f.body_off).unwrap_or(usize::MAX);
+            let mut off = region.offset + within;
+            let want = usize::try_from(region.len - within).unwrap_or(usize::MAX);
             let sock = self.wr.as_ref().as_raw_fd();
             let res = self
                 .wr
@@ -526,7 +525,7 @@ impl Writer {
                 Err(e) => return Err(e.into()),
             }
         } else {
-            self.copy_step(&region).await?
+            self.copy_step(&region, within).await?
         };
         let f = self.queue.front_mut().expect("front frame");
         f.body_off += moved;
@@ -538,10 +537,11 @@ impl Writer {
         Ok(moved)
     }
 
-    /// The copy path: `pread` into the reusable buffer, then `write` it out. Returns the bytes
-    /// written to the socket.
-    async fn copy_step(&mut self, region: &FileRegion) -> Result<u64, TransportError> {
-        let body_off = self.queue[0].body_off;
+    /// The copy path: `pread` into the reusable buffer, then `write` it out; `within` is where
+    /// the frame's progress is in `region`. The buffer holds bytes of one region at a time.
+    /// Returns the bytes written to the socket.
+    async fn copy_step(&mut self, region: &FileRegion, within: u64) -> Result<u64, TransportError> {
+        let body_off = within;
         if self.copy_pos == self.copy_end {
             if self.copy_buf.is_empty() {
                 self.copy_buf = vec![0; self.shared.opts.copy_buffer_bytes];

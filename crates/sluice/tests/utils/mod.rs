@@ -653,3 +653,30 @@ pub async fn eventually(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Opens a stream over `[start, end)` of partition `p` of shuffle 1 on `addr` (naming
+/// `attempts`, or the winners when empty), closes it, and returns its handle: what the server
+/// would serve.
+pub async fn stream_handle(
+    client: &ShuffleClient,
+    addr: SocketAddr,
+    p: u32,
+    (start, end): (u32, u32),
+    attempts: Vec<MapAttempt>,
+) -> Result<StreamHandle, ClientError> {
+    let open = OpenStream {
+        app_id: client.app_id().into(),
+        shuffle_id: 1,
+        partition_id: p,
+        map_start: start,
+        map_end: end,
+        attempts,
+    };
+    match client.request(addr, open.into()).await? {
+        Message::StreamHandle(h) => {
+            let _ = client.request(addr, CloseStream { stream_id: h.stream_id }.into()).await;
+            Ok(h)
+        }
+        other => panic!("OpenStream [{start},{end}) of partition {p}: {other:?}"),
+    }
+}
