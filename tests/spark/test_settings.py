@@ -135,7 +135,7 @@ def test_chunks_larger_than_the_readers_frames_fail_clearly(tuned_app):
 
 
 def test_aqe_coalesced_and_local_shuffle_reads(tuned_app):
-    mode, spark, _ = tuned_app
+    mode, spark, cluster = tuned_app
     if mode != "spark-defaults":
         pytest.skip("needs Spark's AQE defaults")
     n = 2_000_000
@@ -145,7 +145,10 @@ def test_aqe_coalesced_and_local_shuffle_reads(tuned_app):
     left = spark.range(n).selectExpr("id", "id % 1000 AS k")
     right = spark.range(n).selectExpr("id AS k", "id * 3 AS v").where("k % 2 = 0 AND k < 1000")
     joined = left.join(right, "k").selectExpr("count(*) AS c", "sum(v) AS s", "sum(id) AS t")
+    before = cluster.counters()
     row = joined.collect()[0]
+    moved = {k: cluster.counters()[k] - before[k] for k in (
+        "sluice_server_pushed_bytes_total", "sluice_server_fetched_bytes_total")}
     plan = joined._jdf.queryExecution().executedPlan().toString()
     # Rows whose k is even: half of them.
     even = [i for i in range(0, 1000, 2)]
@@ -153,6 +156,14 @@ def test_aqe_coalesced_and_local_shuffle_reads(tuned_app):
     assert row.s == sum(k * 3 * (n // 1000) for k in even)
     assert row.t == sum(i for i in range(n) if i % 1000 % 2 == 0)
     assert "BroadcastHashJoin" in plan and "local" in plan, plan
+    # Each local reader task reads one map's output of every partition, where the maps' batches
+    # share chunks: the servers send each task its map's bytes, not the shared chunks whole (which
+    # moved about as many times the data as there are maps). Bytes are read about once (a
+    # speculative copy of a task may read its share again).
+    pushed, fetched = (moved["sluice_server_pushed_bytes_total"],
+                       moved["sluice_server_fetched_bytes_total"])
+    print(f"local shuffle reader: pushed {pushed:.0f} bytes, servers sent {fetched:.0f}")
+    assert 0 < fetched <= 1.5 * pushed, moved
 
     # 20 shuffle partitions of a few KB each: AQE coalesces them, so one reader reads a range.
     counts = (spark.range(100_000).selectExpr("id % 97 AS g").groupBy("g").count())
