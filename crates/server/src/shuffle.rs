@@ -73,13 +73,11 @@ impl Chunk {
 /// means nothing to readers (each batch names its map, attempt and batch id).
 pub fn group_by_attempt(slices: &mut Vec<Bytes>, runs: &[Run]) -> Box<[Run]> {
     debug_assert_eq!(slices.len(), runs.len());
-    let mut order: Vec<usize> = (0..runs.len()).collect();
-    order.sort_by_key(|&i| (runs[i].map_id, runs[i].attempt_id)); // stable
-    let mut taken: Vec<Option<Bytes>> = std::mem::take(slices).into_iter().map(Some).collect();
+    let mut pairs: Vec<(Run, Bytes)> = runs.iter().copied().zip(slices.drain(..)).collect();
+    pairs.sort_by_key(|(r, _)| (r.map_id, r.attempt_id)); // stable: each attempt's order stays
     let mut grouped: Vec<Run> = Vec::new();
-    for i in order {
-        slices.push(taken[i].take().expect("each slice once"));
-        let r = runs[i];
+    for (r, slice) in pairs {
+        slices.push(slice);
         match grouped.last_mut() {
             Some(g) if (g.map_id, g.attempt_id) == (r.map_id, r.attempt_id) => g.len += r.len,
             _ => grouped.push(r),

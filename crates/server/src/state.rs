@@ -37,34 +37,25 @@ pub struct Admitted {
 /// pooled connection, so it lives until `CloseStream`, its shuffle's deletion, or idleness.
 struct Stream {
     shuffle: Arc<Shuffle>,
-    chunks: Vec<ServedChunk>,
+    /// What `FetchChunk` sends of each chunk (cloning a body is a reference count).
+    chunks: Vec<Body>,
     last_used: Instant,
 }
 
-/// What a stream sends of one chunk: the file ranges holding the batches it reads.
-struct ServedChunk {
-    file: Arc<std::fs::File>,
-    ranges: Vec<(u64, u64)>,
-    len: u64,
-}
-
-impl ServedChunk {
-    /// The ranges of `chunk` holding batches of the attempts in `committed` (sorted by map id,
-    /// one attempt per map); `None` when it holds none.
-    fn of(chunk: &Chunk, committed: &[CommittedMap]) -> Option<ServedChunk> {
-        let ranges = chunk.ranges(|map, attempt| {
-            committed
-                .binary_search_by_key(&map, |c| c.map_id)
-                .is_ok_and(|i| committed[i].attempt_id == attempt)
-        });
-        let len = ranges.iter().map(|r| r.1).sum();
-        (len > 0).then(|| ServedChunk { file: chunk.file.clone(), ranges, len })
-    }
-
-    fn body(&self) -> Body {
-        let region = |&(offset, len): &(u64, u64)| FileRegion::new(self.file.clone(), offset, len);
-        Body::from(self.ranges.iter().map(region).collect::<Vec<_>>())
-    }
+/// What a stream sends of a chunk: the file ranges holding the batches of the attempts in
+/// `committed` (sorted by map id, one attempt per map), as one body built when the stream opens;
+/// `None` when the chunk holds none of them.
+fn served_body(chunk: &Chunk, committed: &[CommittedMap]) -> Option<Body> {
+    let ranges = chunk.ranges(|map, attempt| {
+        committed
+            .binary_search_by_key(&map, |c| c.map_id)
+            .is_ok_and(|i| committed[i].attempt_id == attempt)
+    });
+    let regions: Vec<FileRegion> = ranges
+        .into_iter()
+        .map(|(offset, len)| FileRegion::new(chunk.file.clone(), offset, len))
+        .collect();
+    Some(Body::from(regions)).filter(|b| !b.is_empty())
 }
 
 /// A stream not fetched from for this long is dropped (its reader is gone).
@@ -262,10 +253,12 @@ impl ServerState {
             );
         }
         let nparts = shuffle.partitions.len() as u32;
-        // Check every section before storing any: a bad batch rejects the whole push.
-        // Each section as runs of consecutive batches of one map attempt (a writer is one map
-        // attempt, so one run per section but for odd clients).
-        let mut runs_of = Vec::with_capacity(sections.len());
+        // Check every section before storing any: a bad batch rejects the whole push. Each
+        // section's batches as runs of one map attempt (a writer is one map attempt, so one run
+        // per section but for odd clients), all sections' in one list: `runs_end[i]` is where
+        // section i's end.
+        let mut runs: Vec<Run> = Vec::with_capacity(sections.len());
+        let mut runs_end: Vec<usize> = Vec::with_capacity(sections.len());
         for &(pid, off, len) in sections {
             if pid >= nparts {
                 return fail(
@@ -273,10 +266,10 @@ impl ServerState {
                     format!("partition {pid} of a {nparts}-partition shuffle"),
                 );
             }
-            let mut runs: Vec<Run> = Vec::with_capacity(1);
+            let first = runs.len();
             validate_batches(&body[off..off + len], |h| {
                 let size = BATCH_HEADER_LEN as u32 + h.length;
-                match runs.last_mut() {
+                match runs[first..].last_mut() {
                     Some(r) if (r.map_id, r.attempt_id) == (h.map_id, h.attempt_id) => {
                         r.len += size
                     }
@@ -284,10 +277,11 @@ impl ServerState {
                 }
             })
             .map_err(|e| (e.code(), e.to_string()))?;
-            runs_of.push(runs);
+            runs_end.push(runs.len());
         }
         let reservation = reservation.map(Arc::new);
-        for (&(pid, off, len), runs) in sections.iter().zip(runs_of) {
+        for (i, &(pid, off, len)) in sections.iter().enumerate() {
+            let section_runs = &runs[if i == 0 { 0 } else { runs_end[i - 1] }..runs_end[i]];
             let mut p = shuffle.partitions[pid as usize].lock();
             if shuffle.is_committed() {
                 return fail(
@@ -309,7 +303,7 @@ impl ServerState {
                 self.submit_flush(&shuffle, pid, &mut p)?;
             }
             let mut at = off;
-            for r in runs {
+            for &r in section_runs {
                 p.buffer.slices.push(body.slice(at..at + r.len as usize));
                 p.buffer.runs.push(r);
                 at += r.len as usize;
@@ -574,7 +568,7 @@ impl ServerState {
         // Of each chunk, only the batches of the attempts read: other maps' (a map sub-range
         // read) and losing attempts' stay on disk. Chunks are immutable once the shuffle is
         // readable.
-        let chunks: Vec<ServedChunk> = {
+        let chunks: Vec<Body> = {
             let p = p.lock();
             let (start, end) = match (committed.first(), committed.last()) {
                 (Some(f), Some(l)) => (f.map_id, l.map_id + 1),
@@ -583,26 +577,27 @@ impl ServerState {
             p.chunks
                 .iter()
                 .filter(|c| c.has_map_in(start, end))
-                .filter_map(|c| ServedChunk::of(c, &committed))
+                .filter_map(|c| served_body(c, &committed))
                 .collect()
         };
         // Each chunk goes out as one ChunkData frame, which must fit the frames this connection
         // agreed on: a reader that proposed smaller frames than the writers used would otherwise
         // fail on the first large chunk, after the stream was opened, with no hint why.
         let room = (max_frame as u64).saturating_sub(chunk_frame_overhead());
-        if let Some((i, c)) = chunks.iter().enumerate().find(|(_, c)| c.len > room) {
+        if let Some((i, c)) = chunks.iter().enumerate().find(|(_, c)| c.len() > room) {
             return fail(
                 ErrorCode::InvalidRequest,
                 format!(
                     "chunk {i} of partition {} is {} bytes, over the {max_frame}-byte frames this \
                      connection agreed on: the client's max_frame_bytes must be at least the \
                      servers' chunk_bytes plus 1 KiB, and at least the writers' frame size",
-                    o.partition_id, c.len
+                    o.partition_id,
+                    c.len()
                 ),
             );
         }
         let stream_id = self.next_stream.fetch_add(1, Ordering::Relaxed);
-        let chunk_lengths = chunks.iter().map(|c| c.len as u32).collect();
+        let chunk_lengths = chunks.iter().map(|c| c.len() as u32).collect();
         self.streams.lock().insert(
             stream_id,
             Stream { shuffle: shuffle.clone(), chunks, last_used: Instant::now() },
@@ -624,10 +619,10 @@ impl ServerState {
         };
         s.last_used = Instant::now();
         self.stats.fetched_chunks.fetch_add(1, Ordering::Relaxed);
-        self.stats.fetched_bytes.fetch_add(c.len, Ordering::Relaxed);
+        self.stats.fetched_bytes.fetch_add(c.len(), Ordering::Relaxed);
         Ok(Response {
             message: ChunkData { stream_id: f.stream_id, chunk_index: f.chunk_index }.into(),
-            body: c.body(),
+            body: c.clone(),
         })
     }
 

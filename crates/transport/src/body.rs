@@ -117,6 +117,29 @@ impl Body {
         None
     }
 
+    /// A file body's regions as one: from the first one's start to the last one's end, when all
+    /// are of one file and in ascending order (a chunk's byte ranges, say); `None` otherwise.
+    /// One region is its own span.
+    pub fn span(&self) -> Option<FileRegion> {
+        let rs = self.regions();
+        let (first, last) = (rs.first()?, rs.last()?);
+        let one_file_ascending = rs
+            .windows(2)
+            .all(|w| Arc::ptr_eq(&w[0].file, &w[1].file) && w[0].offset + w[0].len <= w[1].offset);
+        one_file_ascending.then(|| {
+            FileRegion::new(first.file.clone(), first.offset, last.offset + last.len - first.offset)
+        })
+    }
+
+    /// Checks that the files still hold every region of a file body ([`FileRegion::check_len`]):
+    /// one `fstat` for regions that have a span, one per region otherwise. Other bodies pass.
+    pub fn check_len(&self) -> Result<(), TransportError> {
+        match self.span() {
+            Some(span) => span.check_len(),
+            None => self.regions().iter().try_for_each(FileRegion::check_len),
+        }
+    }
+
     /// Whether the body has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -184,6 +207,26 @@ mod tests {
         assert!(matches!(Body::from(vec![r(7, 3)]), Body::File(ref one) if one.offset == 7));
         assert!(matches!(Body::from(Vec::<FileRegion>::new()), Body::Empty));
         assert!(Body::from(Bytes::from_static(b"x")).regions().is_empty());
+        // Not ascending: no span.
+        assert!(body.span().is_none());
+        let ascending = Body::from(vec![r(100, 10), r(200, 5), r(205, 1)]);
+        let span = ascending.span().expect("one file, ascending");
+        assert_eq!((span.offset, span.len), (100, 106));
+        let other = Arc::new(tempfile::tempfile().unwrap());
+        let two_files = Body::from(vec![r(0, 1), FileRegion::new(other, 10, 1)]);
+        assert!(two_files.span().is_none());
+        assert!(Body::Empty.span().is_none() && Body::Empty.check_len().is_ok());
+    }
+
+    #[test]
+    fn check_len_covers_every_region_of_a_body() {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&[7u8; 100]).unwrap();
+        let f = Arc::new(f);
+        let r = |offset, len| FileRegion::new(f.clone(), offset, len);
+        Body::from(vec![r(0, 10), r(50, 50)]).check_len().unwrap();
+        assert!(Body::from(vec![r(0, 10), r(95, 6)]).check_len().is_err(), "the last runs past");
+        assert!(Body::from(vec![r(95, 6), r(0, 10)]).check_len().is_err(), "no span: each one");
     }
 
     #[cfg(target_os = "linux")]

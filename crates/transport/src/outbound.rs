@@ -404,7 +404,7 @@ impl Writer {
     /// its region since it was queued is replaced, before any of it is written, by a `DATA_LOST`
     /// error for the requester (the writer's own check; producers check too).
     fn enqueue(&mut self, mut f: OutFrame) {
-        if let Some(e) = f.body.regions().iter().find_map(|r| r.check_len().err()) {
+        if let Err(e) = f.body.check_len() {
             tracing::warn!(request_id = f.request_id, error = %e, "file body truncated; answering DATA_LOST");
             TransportStats::add(&self.shared.stats.file_regions_truncated, 1);
             let err = OutFrame::error(f.request_id, ErrorCode::DataLost, e.to_string());
@@ -537,11 +537,14 @@ impl Writer {
         Ok(moved)
     }
 
-    /// The copy path: `pread` into the reusable buffer, then `write` it out; `within` is where
+    /// The copy path: `pread` into the reusable buffer, then `write` it out; `body_off` is where
     /// the frame's progress is in `region`. The buffer holds bytes of one region at a time.
     /// Returns the bytes written to the socket.
-    async fn copy_step(&mut self, region: &FileRegion, within: u64) -> Result<u64, TransportError> {
-        let body_off = within;
+    async fn copy_step(
+        &mut self,
+        region: &FileRegion,
+        body_off: u64,
+    ) -> Result<u64, TransportError> {
         if self.copy_pos == self.copy_end {
             if self.copy_buf.is_empty() {
                 self.copy_buf = vec![0; self.shared.opts.copy_buffer_bytes];

@@ -382,13 +382,18 @@ pub(crate) async fn send_response(
 ) -> Result<(), TransportError> {
     let Response { mut message, mut body } = resp;
     if body.is_file() {
-        match body.regions().iter().find_map(|r| r.check_len().err()) {
-            None => {
-                for region in cold_read_spans(body.regions()) {
-                    read_in_if_cold(&region, request_id, &opts.shared, stats).await;
+        match body.check_len() {
+            // Regions of one file in ascending order (a chunk's byte ranges) are read in as their
+            // one span, with one request: the gaps between them are small and near.
+            Ok(()) => match body.span() {
+                Some(span) => read_in_if_cold(&span, request_id, &opts.shared, stats).await,
+                None => {
+                    for region in body.regions() {
+                        read_in_if_cold(region, request_id, &opts.shared, stats).await;
+                    }
                 }
-            }
-            Some(e) => {
+            },
+            Err(e) => {
                 tracing::warn!(request_id, error = %e, "file body truncated; answering DATA_LOST");
                 TransportStats::add(&stats.file_regions_truncated, 1);
                 message = Message::error(ErrorCode::DataLost, e.to_string());
@@ -404,24 +409,6 @@ pub(crate) async fn send_response(
         }
     };
     outbound.send(frame).await
-}
-
-/// What to check and read in for a file body's regions: regions of one file in ascending order
-/// (a chunk's ranges, say) as the one span from the first to the end of the last, read in with one
-/// request (the gaps are small and near); anything else region by region.
-fn cold_read_spans(regions: &[FileRegion]) -> Vec<FileRegion> {
-    let (Some(first), Some(last)) = (regions.first(), regions.last()) else {
-        return Vec::new();
-    };
-    let one_file_ascending = regions
-        .windows(2)
-        .all(|w| Arc::ptr_eq(&w[0].file, &w[1].file) && w[0].offset + w[0].len <= w[1].offset);
-    if one_file_ascending {
-        let end = last.offset + last.len;
-        vec![FileRegion::new(first.file.clone(), first.offset, end - first.offset)]
-    } else {
-        regions.to_vec()
-    }
 }
 
 /// Makes sure a file body's `sendfile` will not wait on the disk: a region `cachestat` finds not
