@@ -12,6 +12,7 @@
 //!   chunks, verifies every batch's CRC32C, keeps committed attempts only, drops duplicates and
 //!   reports any missing batch as data loss.
 
+mod busy;
 pub mod reader;
 pub mod writer;
 
@@ -109,7 +110,9 @@ pub struct ClientOptions {
     pub push_frame_bytes: usize,
     /// Bytes a writer may have pushed and not yet acknowledged.
     pub max_inflight_bytes: usize,
-    /// How many times a push answered `Busy` is sent again (each after the server's back-off).
+    /// How many times a push answered `Busy` is sent again (each after the server's back-off);
+    /// also how many probes in a row a busy server may refuse before the pushes waiting for it
+    /// fail (see `busy.rs`).
     pub busy_max_retries: u32,
     /// How many times a request that failed with a retriable error is sent again.
     pub error_max_retries: u32,
@@ -141,6 +144,8 @@ pub(crate) struct Inner {
     pub opts: ClientOptions,
     pub pool: Pool,
     pub app_id: String,
+    /// Per server: holds pushes back while it answers `Busy`.
+    pub busy: busy::BusyGates,
 }
 
 /// An application's handle on Sluice.
@@ -177,7 +182,7 @@ impl ShuffleClient {
         let app_id = app_id.into();
         opts.transport.app_id = app_id.clone();
         let pool = Pool::new(opts.transport.clone());
-        ShuffleClient { inner: Arc::new(Inner { opts, pool, app_id }) }
+        ShuffleClient { inner: Arc::new(Inner { opts, pool, app_id, busy: Default::default() }) }
     }
 
     pub fn app_id(&self) -> &str {

@@ -9,6 +9,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use sluice_proto::batch::{BatchHeader, BATCH_HEADER_LEN};
@@ -339,9 +340,10 @@ impl ShuffleWriter {
     }
 }
 
-/// Sends one push until it is acknowledged: `Busy` waits the suggested back-off, retriable
-/// errors back off exponentially; each kind has its own bound, so a dead server fails the push
-/// within a few back-offs while a busy one is waited for.
+/// Sends one push until it is acknowledged: `Busy` waits the suggested back-off at the server's
+/// [`BusyGate`](crate::busy::BusyGate) (which limits the pushes a busy server is sent at once),
+/// retriable errors back off exponentially; each kind has its own bound, so a dead server fails
+/// the push within a few back-offs while a busy one is waited for.
 async fn push_with_retries(
     client: &ShuffleClient,
     addr: SocketAddr,
@@ -349,34 +351,42 @@ async fn push_with_retries(
     body: Bytes,
 ) -> Result<(), ClientError> {
     let opts = &client.inner.opts;
+    let gate = client.inner.busy.get(addr);
+    let still_busy = |n: u32| ClientError::Server {
+        code: ErrorCode::Timeout,
+        message: format!("{addr} still busy after {n} refusals"),
+    };
     let (mut busy, mut errors) = (0u32, 0u32);
     loop {
+        let pass = gate.enter(opts.busy_max_retries).await.map_err(still_busy)?;
         let result = async {
             let conn = client.inner.pool.get(addr).await?;
             expect_ok(conn.request(msg.clone(), Body::Memory(body.clone())).await?)
         }
         .await;
-        let wait = match result {
+        // The gate learns the outcome before the next push in its queue may go.
+        match &result {
+            Ok(Message::Busy(b)) => pass.refused(Duration::from_millis(b.backoff_ms as u64)),
+            Ok(Message::PushAck(_)) => pass.acknowledged(),
+            _ => pass.failed(),
+        }
+        match result {
             Ok(Message::PushAck(_)) => return Ok(()),
-            Ok(Message::Busy(b)) => {
+            Ok(Message::Busy(_)) => {
                 busy += 1;
                 if busy > opts.busy_max_retries {
-                    return Err(ClientError::Server {
-                        code: ErrorCode::Timeout,
-                        message: format!("{addr} still busy after {busy} tries"),
-                    });
+                    return Err(still_busy(busy));
                 }
-                std::time::Duration::from_millis(b.backoff_ms as u64)
+                // The gate waits out the back-off.
             }
             Ok(_) => return Err(ClientError::UnexpectedReply("push wants PushAck or Busy")),
             Err(e) if e.is_retriable() && errors < opts.error_max_retries => {
                 tracing::debug!(server = %addr, error = %e, errors, "push failed; retrying");
                 errors += 1;
-                backoff(opts.retry_backoff_ms, errors - 1)
+                tokio::time::sleep(backoff(opts.retry_backoff_ms, errors - 1)).await;
             }
             Err(e) => return Err(e),
-        };
-        tokio::time::sleep(wait).await;
+        }
     }
 }
 

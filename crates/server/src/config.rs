@@ -27,6 +27,11 @@ pub struct ServerConfig {
     pub resume_watermark: f64,
     /// Back-off suggested to clients in a `Busy` reply, in milliseconds.
     pub busy_backoff_ms: u32,
+    /// How long a push that finds the budget paused may wait for memory, its body unread in the
+    /// socket, before it is answered `Busy`, in milliseconds (0: answer at once). The wait
+    /// stalls that connection's reading, which is backpressure that costs nothing; a `Busy`
+    /// costs the body's transfer, discarded, and its resend.
+    pub busy_hold_ms: u32,
     /// A partition buffer this large is flushed as one chunk, in bytes; also the chunk size
     /// readers fetch.
     pub chunk_bytes: u64,
@@ -76,6 +81,7 @@ impl Default for ServerConfig {
             busy_watermark: 0.9,
             resume_watermark: 0.6,
             busy_backoff_ms: 50,
+            busy_hold_ms: 100,
             chunk_bytes: 4 << 20,
             flushers_per_dir: 2,
             flush_write_bytes: 256 << 10,

@@ -29,7 +29,8 @@ use std::time::Duration;
 
 use sluice_proto::message::{Message, RegisterServer, ServerHeartbeat};
 use sluice_transport::{
-    Admission, BodyPool, ClientConfig, ConnInfo, Handler, Pool, Request, Response, TransportStats,
+    Admission, BodyPermit, BodyPool, ClientConfig, ConnInfo, Handler, Pool, Request, Response,
+    TransportStats,
 };
 use tokio::net::TcpListener;
 
@@ -50,7 +51,14 @@ impl Handler for ServerHandler {
         };
         match self.state.admit_push(app, shuffle, body_len) {
             Ok(admitted) => Admission::Accept(Some(Box::new(admitted))),
-            Err(reply) => Admission::Reject(reply),
+            Err(Some(reply)) => Admission::Reject(reply),
+            Err(None) if self.state.config.busy_hold_ms > 0 => {
+                let hold = self.state.clone().hold_push(app.clone(), shuffle, body_len);
+                Admission::Later(Box::pin(async move {
+                    hold.await.map(|admitted| Some(Box::new(admitted) as BodyPermit))
+                }))
+            }
+            Err(None) => Admission::Reject(self.state.busy_reply()),
         }
     }
 

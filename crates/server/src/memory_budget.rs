@@ -4,9 +4,13 @@
 //! with the bytes and is released when the last slice of them is flushed and dropped. Usage is
 //! compared with three watermarks: above `flush` the largest partition buffers are flushed, above
 //! `busy` pushes are answered with a retriable `Busy` until usage falls below `resume`.
+//! [`MemoryBudget::wait_for_room`] lets a push wait for that moment instead (see `busy_hold_ms`).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+
+use tokio::sync::Notify;
 
 /// What the budget says about a new push.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +33,9 @@ pub struct MemoryBudget {
     used: AtomicU64,
     peak: AtomicU64,
     paused: AtomicBool,
+    /// Tasks in [`Self::wait_for_room`]: releases signal `room` only while there are some.
+    waiting: AtomicUsize,
+    room: Notify,
 }
 
 impl MemoryBudget {
@@ -43,6 +50,8 @@ impl MemoryBudget {
             used: AtomicU64::new(0),
             peak: AtomicU64::new(0),
             paused: AtomicBool::new(false),
+            waiting: AtomicUsize::new(0),
+            room: Notify::new(),
         })
     }
 
@@ -74,6 +83,34 @@ impl MemoryBudget {
                 }
                 Err(actual) => cur = actual,
             }
+        }
+    }
+
+    /// Whether a reservation may succeed now: usage is under the resume watermark while paused,
+    /// under the busy watermark otherwise.
+    fn has_room(&self) -> bool {
+        let used = self.used();
+        used < if self.is_paused() { self.resume_at } else { self.busy_at }
+    }
+
+    /// Returns once a reservation may succeed ([`Self::has_room`]); at once if it may now. A
+    /// release signals waiters only when it leaves room, so while the budget is paused they
+    /// sleep until usage is back under the resume watermark. (A reservation may still fail after
+    /// the wakeup: waiters and other pushes race for the room.)
+    pub async fn wait_for_room(&self) {
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let _waiting = Waiting(&self.waiting);
+        // Registered before the check, so a release in between is not missed.
+        let mut room = pin!(self.room.notified());
+        room.as_mut().enable();
+        if !self.has_room() {
+            room.await;
         }
     }
 
@@ -136,13 +173,39 @@ impl Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
+        let b = &self.budget;
+        b.used.fetch_sub(self.bytes, Ordering::SeqCst);
+        if b.waiting.load(Ordering::SeqCst) != 0 && b.has_room() {
+            b.room.notify_waiters();
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_waiter_wakes_when_usage_is_back_under_resume() {
+        let b = MemoryBudget::new(1000, 0.7, 0.9, 0.6);
+        let r1 = b.try_reserve(650).unwrap();
+        let r2 = b.try_reserve(200).unwrap();
+        assert!(b.try_reserve(100).is_none(), "would cross busy: paused");
+        let short = std::time::Duration::from_millis(20);
+        assert!(tokio::time::timeout(short, b.wait_for_room()).await.is_err(), "room at 850");
+        let waiter = tokio::spawn({
+            let b = b.clone();
+            async move { b.wait_for_room().await }
+        });
+        tokio::task::yield_now().await;
+        drop(r2); // 650: under busy, not under resume
+        tokio::time::sleep(short).await;
+        assert!(!waiter.is_finished(), "woke above the resume watermark");
+        drop(r1); // 0
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiter).await.unwrap().unwrap();
+        assert!(b.try_reserve(200).is_some());
+        assert_eq!(b.waiting.load(Ordering::SeqCst), 0);
+    }
 
     #[test]
     fn reserves_releases_and_applies_hysteresis() {

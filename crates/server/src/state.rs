@@ -146,14 +146,15 @@ impl ServerState {
     }
 
     /// Decides about a push before its body is read: known shuffle, open for pushes, storage
-    /// available, and memory reserved for the whole body.
+    /// available, and memory reserved for the whole body. `Err(None)`: no memory now (the
+    /// caller holds the push or answers [`Self::busy_reply`]); `Err(Some(reply))`: refused.
     pub fn admit_push(
         &self,
         app_id: &str,
         shuffle_id: u32,
         body_len: u32,
-    ) -> Result<Admitted, Message> {
-        let to_msg = |(c, m): Failure| Message::error(c, m);
+    ) -> Result<Admitted, Option<Message>> {
+        let to_msg = |(c, m): Failure| Some(Message::error(c, m));
         let shuffle = self.shuffle(app_id, shuffle_id).map_err(to_msg)?;
         if shuffle.is_committed() {
             return Err(to_msg((
@@ -177,12 +178,50 @@ impl ServerState {
         }
         match self.budget.try_reserve(footprint) {
             Some(reservation) => Ok(Admitted { reservation, shuffle }),
-            None => {
-                self.stats.busy_replies.fetch_add(1, Ordering::Relaxed);
-                self.relieve_pressure();
-                Err(Message::Busy(Busy { backoff_ms: self.config.busy_backoff_ms }))
-            }
+            None => Err(None),
         }
+    }
+
+    /// The reply to a push there is no memory for: `Busy`, counted.
+    pub fn busy_reply(&self) -> Message {
+        self.stats.busy_replies.fetch_add(1, Ordering::Relaxed);
+        self.relieve_pressure();
+        Message::Busy(Busy { backoff_ms: self.config.busy_backoff_ms })
+    }
+
+    /// Waits, at most `busy_hold_ms`, for memory for a push that found none, with its body still
+    /// unread in the socket: holding it (and so every later frame of its connection) is
+    /// backpressure that costs nothing, where a `Busy` reply costs the body's whole transfer,
+    /// discarded, and its resend. Ends in `Busy` if the budget stays paused.
+    pub async fn hold_push(
+        self: Arc<Self>,
+        app_id: String,
+        shuffle_id: u32,
+        body_len: u32,
+    ) -> Result<Admitted, Message> {
+        let start = tokio::time::Instant::now();
+        let deadline = start + Duration::from_millis(self.config.busy_hold_ms as u64);
+        self.stats.pushes_held.fetch_add(1, Ordering::Relaxed);
+        self.relieve_pressure();
+        let result = loop {
+            // Only a paused budget is worth waiting for: it frees up as the flushers write. (A
+            // reservation can also fail unpaused, for a body larger than the room the capacity
+            // leaves; waiting would not help.)
+            let timed_out = !self.budget.is_paused()
+                || tokio::select! {
+                    _ = self.budget.wait_for_room() => false,
+                    _ = tokio::time::sleep_until(deadline) => true,
+                };
+            match self.admit_push(&app_id, shuffle_id, body_len) {
+                Ok(a) => break Ok(a),
+                Err(Some(reply)) => break Err(reply),
+                Err(None) if timed_out || !self.budget.is_paused() => break Err(self.busy_reply()),
+                Err(None) => {}
+            }
+        };
+        let held_us = start.elapsed().as_micros().min(u64::MAX as u128) as u64;
+        self.stats.push_hold_us.fetch_add(held_us, Ordering::Relaxed);
+        result
     }
 
     /// Handles one request (after admission) from a connection whose frames are at most

@@ -9,6 +9,10 @@ pub struct Stats {
     pub push_requests: AtomicU64,
     pub pushed_bytes: AtomicU64,
     pub busy_replies: AtomicU64,
+    /// Pushes that found no memory and were held unread (`busy_hold_ms`), and for how long in
+    /// all, in microseconds.
+    pub pushes_held: AtomicU64,
+    pub push_hold_us: AtomicU64,
     pub flushed_bytes: AtomicU64,
     pub commits: AtomicU64,
     /// Time commits spent flushing and waiting for the flushers, in microseconds.
@@ -28,6 +32,8 @@ impl Stats {
             ("sluice_server_push_requests_total", g(&self.push_requests)),
             ("sluice_server_pushed_bytes_total", g(&self.pushed_bytes)),
             ("sluice_server_busy_replies_total", g(&self.busy_replies)),
+            ("sluice_server_pushes_held_total", g(&self.pushes_held)),
+            ("sluice_server_push_hold_microseconds_total", g(&self.push_hold_us)),
             ("sluice_server_flushed_bytes_total", g(&self.flushed_bytes)),
             ("sluice_server_commits_total", g(&self.commits)),
             ("sluice_server_commit_wait_microseconds_total", g(&self.commit_wait_us)),

@@ -186,6 +186,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
     let peak_rss = cluster.servers.iter().map(|s| s.peak_rss_bytes()).max().unwrap_or(0);
     let server_sum = |m: &str| cluster.servers.iter().map(|s| s.metric(m)).sum::<u64>();
     let busy = server_sum("sluice_server_busy_replies_total");
+    let held = server_sum("sluice_server_pushes_held_total");
     let sendfile_bytes = server_sum("sluice_server_sendfile_bytes_total");
     let sendfile_calls = server_sum("sluice_server_sendfile_calls_total");
     let records: u64 =
@@ -210,6 +211,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
         "server_idle_rss_bytes": idle_rss,
         "client_peak_rss_bytes": crate::cluster::own_peak_rss_bytes(),
         "busy_replies": busy,
+        "pushes_held": held,
         "sendfile_bytes": sendfile_bytes,
         "sendfile_calls": sendfile_calls,
         "memory_budget_bytes": args.memory_budget,

@@ -118,8 +118,52 @@ async fn sixteen_writers_stay_within_the_memory_budget() {
     .await
 }
 
-/// A budget far below the offered load: pushes are answered `Busy`, writers back off and retry,
-/// and nothing is lost or duplicated.
+/// 8 writers push 320 MiB of 256 KiB batches at one server with an 8 MiB budget (configured
+/// further with `sets`); every record is read back once. Returns the server's metrics.
+async fn far_over_a_tiny_budget(app: &str, sets: &[&str]) -> HashMap<String, f64> {
+    let scratch = Scratch::new();
+    let budget: u64 = 8 << 20;
+    let server = scratch.server(&ServerSpec {
+        memory_budget_bytes: budget,
+        metrics: true,
+        sets: sets.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    });
+    let client = patient_client(app);
+    let parts = 8u32;
+    let a = assignment(1, &[server.addr], parts);
+    register_direct(&client, &a, 8).await.unwrap();
+    let per_map = 160u32; // × 256 KiB = 40 MiB per map, 320 MiB in all
+    let tasks = spawn_writers(&client, &a, 8, per_map, 256 << 10, move |_, seq| seq % parts);
+    for t in tasks {
+        if let Err(e) = t.await.unwrap() {
+            panic!("a writer did not ride out the memory pressure: {e}");
+        }
+    }
+    client.commit_shuffle(&a).await.unwrap();
+    let mut n = 0;
+    for p in 0..parts {
+        let ids = read_partition(&client, &a, p, 0, 8).await.unwrap().unique_ids(p);
+        assert!(ids.iter().all(|id| id.seq % parts == p));
+        n += ids.len();
+    }
+    assert_eq!(n, 8 * per_map as usize);
+    let m = server.metrics().await;
+    eprintln!(
+        "busy replies {}, pushes held {} ({:.0} ms in all), budget peak {:.1} MiB, VmHWM {:.1} MiB",
+        metric(&m, "sluice_server_busy_replies_total"),
+        metric(&m, "sluice_server_pushes_held_total"),
+        metric(&m, "sluice_server_push_hold_microseconds_total") / 1e3,
+        mib(metric(&m, "sluice_server_memory_peak_bytes")),
+        mib(server.peak_rss_bytes() as f64)
+    );
+    assert!(metric(&m, "sluice_server_memory_peak_bytes") <= budget as f64);
+    assert!(server.peak_rss_bytes() <= budget + ALLOWANCE, "VmHWM over budget + allowance");
+    m
+}
+
+/// A budget far below the offered load, with holding off (`busy_hold_ms=0`): pushes are
+/// answered `Busy`, writers back off and retry, and nothing is lost or duplicated.
 ///
 /// It used to hang about one run in three: the budget wedged in the state that
 /// `busy_then_stuck_between_resume_and_flush_watermarks` reproduces deterministically (seen:
@@ -127,43 +171,27 @@ async fn sixteen_writers_stay_within_the_memory_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tiny_budget_answers_busy_and_loses_nothing() {
     bounded("a_tiny_budget_answers_busy_and_loses_nothing", 45, async {
-        let scratch = Scratch::new();
-        let budget: u64 = 8 << 20;
-        let server = scratch.server(&ServerSpec {
-            memory_budget_bytes: budget,
-            metrics: true,
-            sets: vec!["busy_backoff_ms=5".into()],
-            ..Default::default()
-        });
-        let client = patient_client("tiny");
-        let parts = 8u32;
-        let a = assignment(1, &[server.addr], parts);
-        register_direct(&client, &a, 8).await.unwrap();
-        let per_map = 160u32; // × 256 KiB = 40 MiB per map, 320 MiB in all
-        let tasks = spawn_writers(&client, &a, 8, per_map, 256 << 10, move |_, seq| seq % parts);
-        for t in tasks {
-            if let Err(e) = t.await.unwrap() {
-                panic!("a writer did not ride out Busy: {e}");
-            }
-        }
-        client.commit_shuffle(&a).await.unwrap();
-        let mut n = 0;
-        for p in 0..parts {
-            let ids = read_partition(&client, &a, p, 0, 8).await.unwrap().unique_ids(p);
-            assert!(ids.iter().all(|id| id.seq % parts == p));
-            n += ids.len();
-        }
-        assert_eq!(n, 8 * per_map as usize);
-        let m = server.metrics().await;
-        eprintln!(
-            "busy replies {}, budget peak {:.1} MiB, VmHWM {:.1} MiB",
-            metric(&m, "sluice_server_busy_replies_total"),
-            mib(metric(&m, "sluice_server_memory_peak_bytes")),
-            mib(server.peak_rss_bytes() as f64)
-        );
+        let m = far_over_a_tiny_budget("tiny", &["busy_backoff_ms=5", "busy_hold_ms=0"]).await;
         assert!(metric(&m, "sluice_server_busy_replies_total") > 0.0, "never busy: {m:?}");
-        assert!(metric(&m, "sluice_server_memory_peak_bytes") <= budget as f64);
-        assert!(server.peak_rss_bytes() <= budget + ALLOWANCE, "VmHWM over budget + allowance");
+        assert_eq!(metric(&m, "sluice_server_pushes_held_total"), 0.0, "{m:?}");
+    })
+    .await
+}
+
+/// The same load with holding on: a push that finds the budget paused waits, unread, until the
+/// flushers make room, so no push is refused and no body crosses the network twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_budget_holds_pushes_instead_of_refusing_them() {
+    bounded("a_paused_budget_holds_pushes_instead_of_refusing_them", 45, async {
+        // A hold far longer than flushing a few MiB takes, so none runs out here.
+        let m = far_over_a_tiny_budget("held", &["busy_hold_ms=5000"]).await;
+        assert!(metric(&m, "sluice_server_pushes_held_total") > 0.0, "never paused: {m:?}");
+        assert_eq!(metric(&m, "sluice_server_busy_replies_total"), 0.0, "a push was refused");
+        assert_eq!(
+            metric(&m, "sluice_server_pushed_bytes_total"),
+            metric(&m, "sluice_server_flushed_bytes_total"),
+            "{m:?}"
+        );
     })
     .await
 }
@@ -259,6 +287,8 @@ async fn busy_then_stuck_between_resume_and_flush_watermarks() {
         let server = scratch.server(&ServerSpec {
             memory_budget_bytes: 8 << 20,
             metrics: true,
+            // The wedge is in the `Busy` path: no holding.
+            sets: vec!["busy_hold_ms=0".into()],
             ..Default::default()
         });
         let c = raw(server.addr).await;

@@ -318,8 +318,16 @@ async fn read_loop<H: Handler>(
             continue;
         }
         let body_len = h.body_len();
-        match handler.admit(conn, &message, body_len) {
-            Admission::Accept(body_permit) => {
+        let decision = match handler.admit(conn, &message, body_len) {
+            Admission::Accept(permit) => Ok(permit),
+            Admission::Reject(reply) => Err(reply),
+            Admission::Later(decide) => {
+                TransportStats::add(&stats.bodies_held, 1);
+                decide.await
+            }
+        };
+        match decision {
+            Ok(body_permit) => {
                 let body = match reader.read_body(body_len).await {
                     Ok(b) => b,
                     Err(e) => return End::ReadFailed(e),
@@ -339,7 +347,7 @@ async fn read_loop<H: Handler>(
                     drop(permit);
                 });
             }
-            Admission::Reject(reply) => {
+            Err(reply) => {
                 if let Err(e) = reader.discard_body(body_len).await {
                     return End::ReadFailed(e);
                 }

@@ -8,6 +8,7 @@ use std::any::Any;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +34,11 @@ pub enum Admission {
     /// Do not keep the body: it is read and dropped through a bounded scratch buffer (never
     /// buffered whole), and this message is the reply (e.g. `Busy`).
     Reject(Message),
+    /// Not yet decided: the connection reads nothing more until this future decides — `Ok`
+    /// as [`Admission::Accept`], `Err` as [`Admission::Reject`]. Meanwhile the body waits in
+    /// the socket and the peer's further sends back up behind it (TCP flow control): the way to
+    /// slow a pusher down without making it send a body twice. The future should be short.
+    Later(Pin<Box<dyn Future<Output = Result<Option<BodyPermit>, Message>> + Send>>),
 }
 
 /// One request from a peer.
@@ -88,7 +94,8 @@ pub struct ConnInfo {
 /// The application above the transport (the shuffle server, the coordinator).
 pub trait Handler: Send + Sync + 'static {
     /// Called after a request's header and fields are decoded, *before* its body is read: the
-    /// place to reserve memory for `body_len` bytes, or to refuse the body. Must not block.
+    /// place to reserve memory for `body_len` bytes, or to refuse the body. Must not block (to
+    /// wait, return [`Admission::Later`]).
     fn admit(&self, conn: &ConnInfo, message: &Message, body_len: u32) -> Admission {
         let _ = (conn, message, body_len);
         Admission::Accept(None)

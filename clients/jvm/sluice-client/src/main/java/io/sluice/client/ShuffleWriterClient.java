@@ -20,6 +20,7 @@ import java.util.Arrays;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.locks.Condition;
 import java.util.concurrent.locks.ReentrantLock;
 import java.util.function.BooleanSupplier;
@@ -41,7 +42,8 @@ import org.slf4j.LoggerFactory;
  *
  * <p>At most {@code maxInFlightBytes} pushed bytes wait for their acknowledgement; above that
  * {@code addBatch} blocks. A push answered {@code Busy} is resent after its back-off (at most
- * {@code busyMaxRetries} times); one failing with a retriable error (or a lost connection) is
+ * {@code busyMaxRetries} times), and while a server is busy the writers of the process send it a
+ * few pushes at a time (see {@link BusyGate}); one failing with a retriable error (or a lost connection) is
  * resent up to {@code maxRetries} times. Retries are sent from the writer's own thread, never from
  * an event loop. Any other failure surfaces from the next call as a {@link SluiceException}.
  *
@@ -78,6 +80,8 @@ public final class ShuffleWriterClient implements AutoCloseable {
   private final int[] batchCounts;
   private final long[] bytesPushed;
   private final ServerBuffer[] buffers;
+  /** Per server: the factory's gate that holds pushes back while it answers Busy. */
+  private final BusyGate[] gates;
   private final int maxBatchPayload;
   /** Whether some partition has a replica: only then does the writer give up on a server. */
   private final boolean replicated;
@@ -131,6 +135,9 @@ public final class ShuffleWriterClient implements AutoCloseable {
     final int bytes;
     /** Whether it was sent once: the headroom holds that send's head, resends get their own. */
     boolean sent;
+    /** Whether it holds a place at its server's gate (set by the writer thread before the send,
+     * cleared by whoever sees the answer first). */
+    final AtomicBoolean passed = new AtomicBoolean();
     int busyRetries;
     int errorRetries;
     long notBeforeNanos;
@@ -159,6 +166,10 @@ public final class ShuffleWriterClient implements AutoCloseable {
       buffers[i] = new ServerBuffer();
     }
     this.givenUp = new SluiceException[buffers.length];
+    this.gates = new BusyGate[buffers.length];
+    for (int i = 0; i < gates.length; i++) {
+      gates[i] = factory.busyGate(assignment.servers().get(i));
+    }
     boolean anyReplica = false;
     for (int p = 0; p < assignment.numPartitions(); p++) {
       anyReplica |= assignment.replicaIndex(p) >= 0;
@@ -407,6 +418,13 @@ public final class ShuffleWriterClient implements AutoCloseable {
       onResponse(task, null, null); // dropped: the other copy has it
       return;
     }
+    long now = System.nanoTime();
+    long held = gates[task.server].tryPass(now);
+    if (held > 0) {
+      hold(task, now + held);
+      return;
+    }
+    task.passed.set(true);
     TransportClient client;
     try {
       // Never sleep out a dead peer's reconnect back-off here: with many pushes queued for it,
@@ -426,12 +444,49 @@ public final class ShuffleWriterClient implements AutoCloseable {
     f.whenComplete((frame, err) -> onResponse(task, frame, err));
   }
 
+  /** The server is busy: {@code task} waits at its gate until {@code untilNanos}. */
+  private void hold(PushTask task, long untilNanos) {
+    lock.lock();
+    try {
+      int refusals = gates[task.server].refusals();
+      if (closed || givenUp[task.server] != null) {
+        doneLocked(task);
+      } else if (refusals > conf.busyMaxRetries()) {
+        failLocked(task, stillBusy(task, refusals));
+      } else {
+        task.notBeforeNanos = untilNanos;
+        retries.add(task);
+      }
+      changed.signalAll();
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  private SluiceException stillBusy(PushTask task, int refusals) {
+    return new SluiceException(ErrorCode.TIMEOUT, "server "
+        + assignment.servers().get(task.server).hostPort() + " still busy after "
+        + refusals + " refusals");
+  }
+
   private void onResponse(PushTask task, Frame frame, Throwable err) {
     Message m = null;
     if (frame != null) {
       m = frame.message();
       frame.release();
     }
+    // The gate learns the outcome before the writers' next pushes to this server ask it.
+    BusyGate gate = gates[task.server];
+    long busyWaitMs = 0;
+    if (m instanceof Busy b) {
+      busyWaitMs = Math.min(Integer.toUnsignedLong(b.backoffMs()), conf.busyBackoffMaxMs());
+      gate.refused(TimeUnit.MILLISECONDS.toNanos(busyWaitMs), System.nanoTime());
+    } else if (m instanceof PushAck) {
+      gate.acknowledged();
+    } else if (m != null || err != null) {
+      gate.failed();
+    }
+    releasePlace(task);
     lock.lock();
     try {
       if (closed || givenUp[task.server] != null) {
@@ -446,15 +501,12 @@ public final class ShuffleWriterClient implements AutoCloseable {
         }
       } else if (m instanceof PushAck) {
         doneLocked(task);
-      } else if (m instanceof Busy b) {
+      } else if (m instanceof Busy) {
         if (task.busyRetries < conf.busyMaxRetries()) {
           task.busyRetries++;
-          long wait = Math.min(Integer.toUnsignedLong(b.backoffMs()), conf.busyBackoffMaxMs());
-          retryLocked(task, wait);
+          retryLocked(task, busyWaitMs);
         } else {
-          failLocked(task, new SluiceException(ErrorCode.TIMEOUT, "server "
-              + assignment.servers().get(task.server).hostPort() + " still busy after "
-              + task.busyRetries + " retries"));
+          failLocked(task, stillBusy(task, task.busyRetries));
         }
       } else {
         failLocked(task, new SluiceException(ErrorCode.PROTOCOL_VIOLATION,
@@ -517,7 +569,15 @@ public final class ShuffleWriterClient implements AutoCloseable {
     return SluiceException.copiesLost(partition, failures.toString(), last);
   }
 
+  /** Frees the task's place at its server's gate, if it holds one. */
+  private void releasePlace(PushTask task) {
+    if (task.passed.getAndSet(false)) {
+      gates[task.server].release();
+    }
+  }
+
   private void doneLocked(PushTask task) {
+    releasePlace(task);
     inFlightBytes -= task.bytes;
     task.body.release();
   }

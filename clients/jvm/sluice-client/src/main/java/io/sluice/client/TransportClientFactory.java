@@ -46,6 +46,7 @@ public final class TransportClientFactory implements AutoCloseable {
   private final Class<? extends SocketChannel> channelClass;
   private final boolean epoll;
   private final ConcurrentHashMap<String, Peer> peers = new ConcurrentHashMap<>();
+  private final ConcurrentHashMap<String, BusyGate> busyGates = new ConcurrentHashMap<>();
   private volatile boolean closed;
 
   /** The connection slots of one peer. */
@@ -88,6 +89,11 @@ public final class TransportClientFactory implements AutoCloseable {
   /** Whether connections use native epoll. */
   public boolean usesEpoll() {
     return epoll;
+  }
+
+  /** The gate that holds pushes to {@code server} back while it answers Busy (one per server). */
+  BusyGate busyGate(ShuffleAssignment.Server server) {
+    return busyGates.computeIfAbsent(server.hostPort(), k -> new BusyGate());
   }
 
   /** The event loops, also usable to schedule small timers. */

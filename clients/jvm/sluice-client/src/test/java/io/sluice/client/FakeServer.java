@@ -70,6 +70,11 @@ final class FakeServer implements AutoCloseable {
   // Knobs.
   volatile int maxFrameBytes = FrameHeader.DEFAULT_MAX_FRAME_BYTES;
   final AtomicInteger busyResponses = new AtomicInteger();
+  /** When positive: pushes are answered Busy for this long from the first push on. */
+  volatile long busyForMs;
+  private volatile long busyUntilNanos;
+  /** Busy answers given. */
+  final AtomicInteger busyReplies = new AtomicInteger();
   final AtomicInteger corruptChunks = new AtomicInteger();
   final AtomicInteger failPushes = new AtomicInteger();
   /** Every PushMerged stored, in arrival order. */
@@ -232,7 +237,12 @@ final class FakeServer implements AutoCloseable {
       return new Object[] {a != null ? a
           : ErrorMessage.of(ErrorCode.UNKNOWN_SHUFFLE, "no shuffle " + g.shuffleId()), null};
     } else if (m instanceof PushMerged pm) {
-      if (busyResponses.getAndUpdate(x -> Math.max(0, x - 1)) > 0) {
+      if (busyForMs > 0 && busyUntilNanos == 0) {
+        busyUntilNanos = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(busyForMs);
+      }
+      if (busyResponses.getAndUpdate(x -> Math.max(0, x - 1)) > 0
+          || busyForMs > 0 && System.nanoTime() - busyUntilNanos < 0) {
+        busyReplies.incrementAndGet();
         return new Object[] {new Busy(20), null};
       }
       if (failPushes.getAndUpdate(x -> Math.max(0, x - 1)) > 0) {

@@ -22,6 +22,7 @@ import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
@@ -187,6 +188,23 @@ class ShuffleRoundTripTest {
     int[] maps = {0};
     assertEquals(expected(0, maps, 0, n / 2), read(a, 0, 0, 1));
     assertEquals(expected(2, maps, 0, n / 2), read(a, 2, 0, 1));
+  }
+
+  @Test
+  void aBusyServerIsProbedNotFlooded() {
+    // One batch per push, about 20 of them in flight.
+    conf = conf.with("sluice.client.maxInFlightBytes", "700");
+    ShuffleAssignment a = coord.registerShuffle(APP, 1, 1, 1, 1);
+    s1.busyForMs = 400;
+    long start = System.nanoTime();
+    writeMap(a, 0, 0, 300, true);
+    assertTrue(System.nanoTime() - start >= TimeUnit.MILLISECONDS.toNanos(400));
+    // The pushes in flight when the server turned busy are refused together; after that one
+    // push per 20 ms back-off. (Each resending on its own: about 20 refusals per back-off.)
+    int refused = s1.busyReplies.get();
+    assertTrue(refused >= 20 && refused <= 20 + 400 / 20 + 10, "refusals: " + refused);
+    coord.commitShuffle(APP, a);
+    assertEquals(expected(0, new int[] {0}, 0, 300), read(a, 0, 0, 1));
   }
 
   @Test
