@@ -165,7 +165,7 @@ def scrape(metrics_addr):
 class SluiceCluster:
     """A coordinator and `servers` servers on 127.0.0.1, ports chosen by the OS."""
 
-    def __init__(self, binary, work_dir, servers=2, coordinator_sets=()):
+    def __init__(self, binary, work_dir, servers=2, coordinator_sets=(), server_sets=()):
         self.processes = []
         self.work_dir = work_dir
         sets = [a for kv in coordinator_sets for a in ("--set", kv)]
@@ -182,7 +182,8 @@ class SluiceCluster:
             s = self._start(f"server{i}", [binary, "server", "--listen", "127.0.0.1:0",
                                            "--metrics-listen", "127.0.0.1:0",
                                            "--coordinator", self.coordinator,
-                                           "--data-dir", str(data)])
+                                           "--data-dir", str(data),
+                                           *[a for kv in server_sets for a in ("--set", kv)]])
             s.wait_for(r"listening on (\S+)")
             self.server_metrics.append(s.wait_for(r"metrics on (\S+)"))
             self.servers.append(s)
