@@ -253,6 +253,9 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
             mib(args.memory_budget),
             mib(idle_rss)
         );
+        if held + busy > 0 {
+            println!("  memory pressure: {held} pushes held until the flushers made room, {busy} answered Busy");
+        }
         println!(
             "  verified: {verified}{}",
             if verified { String::new() } else { format!(" (partitions {bad:?} differ)") }
