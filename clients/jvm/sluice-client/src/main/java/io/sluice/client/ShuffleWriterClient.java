@@ -43,9 +43,10 @@ import org.slf4j.LoggerFactory;
  * <p>At most {@code maxInFlightBytes} pushed bytes wait for their acknowledgement; above that
  * {@code addBatch} blocks. A push answered {@code Busy} is resent after its back-off (at most
  * {@code busyMaxRetries} times), and while a server is busy the writers of the process send it a
- * few pushes at a time (see {@link BusyGate}); one failing with a retriable error (or a lost connection) is
- * resent up to {@code maxRetries} times. Retries are sent from the writer's own thread, never from
- * an event loop. Any other failure surfaces from the next call as a {@link SluiceException}.
+ * few pushes at a time (see {@link BusyGate}); one failing with a retriable error (or a lost
+ * connection) is resent up to {@code maxRetries} times. Retries are sent from the writer's own
+ * thread, never from an event loop. Any other failure surfaces from the next call as a {@link
+ * SluiceException}.
  *
  * <p>With replication, a server that fails for good (retries exhausted or a lost connection: see
  * {@link SluiceException#isServerFailure()}) is given up for the rest of the attempt: a warning is
