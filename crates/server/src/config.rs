@@ -30,7 +30,7 @@ pub struct ServerConfig {
     /// How long a push that finds the budget paused may wait for memory, its body unread in the
     /// socket, before it is answered `Busy`, in milliseconds (0: answer at once). The wait
     /// stalls that connection's reading, which is backpressure that costs nothing; a `Busy`
-    /// costs the body's transfer, discarded, and its resend.
+    /// costs the body's transfer, discarded, and its resend. At most 10 000.
     pub busy_hold_ms: u32,
     /// A partition buffer this large is flushed as one chunk, in bytes; also the chunk size
     /// readers fetch.
@@ -123,6 +123,12 @@ impl ServerConfig {
         }
         if self.flushers_per_dir == 0 {
             return Err("flushers_per_dir: must be at least 1".into());
+        }
+        if self.busy_hold_ms > 10_000 {
+            return Err(format!(
+                "busy_hold_ms: {} is over 10000 (a held push stalls its whole connection)",
+                self.busy_hold_ms
+            ));
         }
         if !(0..=19).contains(&self.flusher_nice) {
             return Err(format!("flusher_nice: {} is not in 0..=19", self.flusher_nice));
