@@ -41,13 +41,15 @@ struct State {
     /// Back-offs in a row that ended in a refusal (refusals that arrive within a back-off are
     /// one burst: pushes that were in flight together).
     refusals: u32,
+    /// Pushes waiting at the gate: a push that is answered signals `changed` only if any.
+    waiting: u32,
 }
 
 /// One server's gate.
 #[derive(Default)]
 pub(crate) struct BusyGate {
     state: Mutex<State>,
-    /// Signalled whenever a push may have become free to go.
+    /// Signalled when a push is answered while others wait.
     changed: Notify,
 }
 
@@ -63,27 +65,24 @@ impl BusyGate {
     }
 
     /// Waits until a push may be sent. `Err(n)`: the server refused pushes `n` back-offs in a
-    /// row, more than `max_refusals`; the push gives up.
+    /// row, more than `max_refusals`; the push gives up. A calm gate costs one lock.
     pub(crate) async fn enter(self: &Arc<Self>, max_refusals: u32) -> Result<Pass, u32> {
+        match self.try_pass(max_refusals, false) {
+            Try::Pass(pass) => return Ok(pass),
+            Try::GiveUp(n) => return Err(n),
+            Try::Wait(_) => {}
+        }
         loop {
-            // Registered before the state is read, so no change in between is missed.
+            // Registered before the state is read again, so no change in between is missed.
             let mut changed = pin!(self.changed.notified());
             changed.as_mut().enable();
-            let wake_at = {
-                let mut s = self.state();
-                if s.refusals > max_refusals {
-                    return Err(s.refusals);
-                }
-                let now = Instant::now();
-                match (s.window, s.retry_at) {
-                    (Some(_), Some(at)) if now < at => Some(at),
-                    (Some(w), _) if s.out >= w => None,
-                    _ => {
-                        s.out += 1;
-                        return Ok(Pass { gate: self.clone() });
-                    }
-                }
+            let wake_at = match self.try_pass(max_refusals, true) {
+                Try::Pass(pass) => return Ok(pass),
+                Try::GiveUp(n) => return Err(n),
+                Try::Wait(wake_at) => wake_at,
             };
+            // Counted as waiting until woken, or until this future is dropped.
+            let _waiting = Waiting(self);
             match wake_at {
                 Some(at) => {
                     tokio::select! {
@@ -94,6 +93,27 @@ impl BusyGate {
                 None => changed.await,
             }
         }
+    }
+
+    /// Takes a place if the state allows one; with `wait`, a push told to wait is counted as
+    /// waiting (a [`Waiting`] undoes that).
+    fn try_pass(self: &Arc<Self>, max_refusals: u32, wait: bool) -> Try {
+        let mut s = self.state();
+        if s.refusals > max_refusals {
+            return Try::GiveUp(s.refusals);
+        }
+        let wake_at = match (s.window, s.retry_at) {
+            (Some(_), Some(at)) if Instant::now() < at => Some(at),
+            (Some(w), _) if s.out >= w => None,
+            _ => {
+                s.out += 1;
+                return Try::Pass(Pass { gate: self.clone() });
+            }
+        };
+        if wait {
+            s.waiting += 1;
+        }
+        Try::Wait(wake_at)
     }
 }
 
@@ -128,8 +148,32 @@ impl Pass {
 
 impl Drop for Pass {
     fn drop(&mut self) {
-        self.gate.state().out -= 1;
-        self.gate.changed.notify_waiters();
+        let waiting = {
+            let mut s = self.gate.state();
+            s.out -= 1;
+            s.waiting
+        };
+        if waiting > 0 {
+            self.gate.changed.notify_waiters();
+        }
+    }
+}
+
+/// What [`BusyGate::try_pass`] found.
+enum Try {
+    Pass(Pass),
+    /// Wait for a change, and until this time if `Some`.
+    Wait(Option<Instant>),
+    /// The refusals in a row, over the bound.
+    GiveUp(u32),
+}
+
+/// One push counted in [`State::waiting`].
+struct Waiting<'a>(&'a BusyGate);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.state().waiting -= 1;
     }
 }
 
@@ -160,6 +204,15 @@ mod tests {
             .collect()
     }
 
+    /// `n` passes through a calm gate.
+    async fn passes(g: &Arc<BusyGate>, n: usize) -> Vec<Pass> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            out.push(g.enter(3).await.unwrap());
+        }
+        out
+    }
+
     async fn settle() {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
@@ -167,15 +220,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_calm_gate_does_not_limit() {
         let g = Arc::new(BusyGate::default());
-        let mut passes = Vec::new();
-        for _ in 0..200 {
-            passes.push(g.enter(3).await.unwrap());
-        }
-        for p in passes {
+        for p in passes(&g, 200).await {
             p.acknowledged();
         }
         assert!(g.state().window.is_none());
         assert_eq!(g.state().out, 0);
+        assert_eq!(g.state().waiting, 0);
     }
 
     #[tokio::test(start_paused = true)]
@@ -248,11 +298,7 @@ mod tests {
     async fn refusals_within_a_backoff_are_one_and_too_many_in_a_row_fail_the_push() {
         let g = Arc::new(BusyGate::default());
         // A burst of pushes in flight together, refused together: one refusal.
-        let mut burst = Vec::new();
-        for _ in 0..10 {
-            burst.push(g.enter(3).await.unwrap());
-        }
-        for p in burst {
+        for p in passes(&g, 10).await {
             p.refused(BACKOFF);
         }
         assert_eq!(g.state().refusals, 1);

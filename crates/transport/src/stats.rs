@@ -51,8 +51,6 @@ stats! {
     protocol_errors,
     /// Request bodies discarded after `Admission::Reject` (or a `Later` that rejected).
     bodies_rejected,
-    /// Request bodies held back unread by `Admission::Later` until it decided.
-    bodies_held,
     /// File bodies not wholly in the page cache when queued, read in on the blocking pool first
     /// (so `sendfile` on an async worker does not wait on the disk).
     file_regions_cold,

@@ -321,10 +321,8 @@ async fn read_loop<H: Handler>(
         let decision = match handler.admit(conn, &message, body_len) {
             Admission::Accept(permit) => Ok(permit),
             Admission::Reject(reply) => Err(reply),
-            Admission::Later(decide) => {
-                TransportStats::add(&stats.bodies_held, 1);
-                decide.await
-            }
+            // Counted by the handler, which knows what it waits for.
+            Admission::Later(decide) => decide.await,
         };
         match decision {
             Ok(body_permit) => {
