@@ -340,6 +340,8 @@ impl Coordinator {
 struct CoordHandler(Arc<Coordinator>);
 
 impl Handler for CoordHandler {
+    type Permit = ();
+
     fn handle(
         &self,
         _conn: &Arc<ConnInfo>,

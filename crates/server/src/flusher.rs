@@ -1,95 +1,60 @@
-//! Flushers: threads per data directory that append partition buffers to files.
+//! Flushers: threads per data directory that carry out the core's flush plans.
 //!
-//! File writes block, so they run on plain threads, never on the async workers. Each job writes
-//! one chunk at an offset reserved when it was submitted (positional writes let several jobs of
-//! one partition run at once), then records the chunk and releases the memory it held. A write
-//! error takes the directory out of service and the job is written again on another directory;
-//! only when no directory is left is the partition marked lost, so readers get `DATA_LOST`
-//! instead of silently missing data.
+//! A flusher is a writer: it writes a plan's slices at the plan's `(file, offset)` and reports
+//! the outcome back to the shuffle ([`Shuffle::flushed`]), which records the chunk and frees the
+//! memory. File writes block, so they run on plain threads, never on the async workers; offsets
+//! are reserved when a plan is made, so several plans of one partition are written at once.
 //!
-//! `ENOSPC` is not a broken directory: the directory's recycle pool is deleted and the write
-//! tried again; if the pool was empty, the directory is marked full (see `storage`) and the job
-//! goes to another directory, or, with none left, waits up to [`FULL_WAIT`] for space to be
-//! freed (its memory stays reserved meanwhile, so pushers get `Busy`) before the partition is
-//! marked lost.
-//!
-//! A chunk's batches are written grouped by map attempt (see `shuffle::group_by_attempt`), so a
-//! reader of some attempts is served a few byte ranges of it, not all of it.
-//!
-//! Chunks start at 4 KiB-aligned offsets and each write is padded with zeros to a whole page, so
-//! writing into a recycled file (see `storage`) never has the kernel read a partial page first.
+//! A write error takes the directory out of service and the plan is pointed at another
+//! directory ([`Shuffle::retarget`]); only when no directory is left is the partition reported
+//! lost, so readers get `DATA_LOST` instead of silently missing data. `ENOSPC` is not a broken
+//! directory: the directory's recycle pool is deleted and the write tried again; if the pool was
+//! empty, the directory is marked full (see `storage`) and the plan goes to another directory,
+//! or, with none left, waits up to [`FULL_WAIT`] for space to be freed (its memory stays
+//! reserved meanwhile, so pushers get `Busy`) before the partition is reported lost.
 
 use std::io::IoSlice;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use crate::shuffle::{group_by_attempt, Buffered, Chunk, OpenFile, Partition, Shuffle};
-use crate::storage::{create_file, DataDir, Storage};
+use crate::core::{FlushOutcome, FlushPlan, Shuffle};
+use crate::files::{is_nospc, note_failure, FileRef, Placement};
+use crate::storage::Storage;
 
 /// How long a chunk that no directory has room for waits for space before its partition is
 /// marked lost.
 pub const FULL_WAIT: Duration = Duration::from_secs(10);
 
-/// Whether `e` says the file system is full.
-fn is_nospc(e: &std::io::Error) -> bool {
-    e.raw_os_error() == Some(rustix::io::Errno::NOSPC.raw_os_error())
+/// One plan to carry out, with the shuffle to report to.
+struct FlushJob {
+    shuffle: Arc<Shuffle<FileRef>>,
+    plan: FlushPlan<FileRef>,
 }
 
-/// Takes a directory whose write or create failed with `e` out of use: full (for a while) on
-/// `ENOSPC`, out of service on anything else. Returns whether it was a full disk.
-fn note_failure(dir: &DataDir, e: &std::io::Error) -> bool {
-    if is_nospc(e) {
-        dir.mark_full(e);
-        true
-    } else {
-        dir.fail(e);
-        false
-    }
-}
-
-/// Chunks start at multiples of this (the page size).
-pub const CHUNK_ALIGN: u64 = 4096;
-static ZEROS: [u8; CHUNK_ALIGN as usize] = [0; CHUNK_ALIGN as usize];
-
-/// Bytes a chunk of `len` bytes takes in its file, padding included.
-pub fn padded_len(len: u64) -> u64 {
-    len.div_ceil(CHUNK_ALIGN) * CHUNK_ALIGN
-}
-
-/// One chunk to write.
-pub struct FlushJob {
-    pub shuffle: Arc<Shuffle>,
-    pub partition: u32,
-    pub data: Buffered,
-    pub target: OpenFile,
-    pub offset: u64,
-}
+/// What the server is told after each plan: its bytes, and whether it was its shuffle's last
+/// flush in flight (a commit may be waiting for that).
+pub type OnFlushed = Arc<dyn Fn(u64, bool) + Send + Sync>;
 
 /// The flusher threads of all data directories.
 pub struct Flushers {
     queues: Vec<Sender<FlushJob>>,
     storage: Arc<Storage>,
     write_bytes: usize,
+    on_done: OnFlushed,
 }
-
-/// Why a buffer could not be handed to a flusher.
-#[derive(Debug, thiserror::Error)]
-#[error("no data directory can take the partition: {0}")]
-pub struct NoStorage(pub String);
 
 impl Flushers {
     /// Starts `per_dir` threads for each directory, each `nice` steps below the server's
     /// priority, each `pwritev` ending at a multiple of `write_bytes` in the file (see
-    /// `ServerConfig::flush_write_bytes`). `on_done(bytes)` is called after each job.
+    /// `ServerConfig::flush_write_bytes`). `on_done` is called after each plan is reported.
     pub fn start(
         storage: Arc<Storage>,
         per_dir: usize,
         nice: i32,
         write_bytes: usize,
-        on_done: Arc<dyn Fn(u64) + Send + Sync>,
+        on_done: OnFlushed,
     ) -> Flushers {
         let mut queues = Vec::new();
         for dir in storage.dirs() {
@@ -103,57 +68,23 @@ impl Flushers {
                     .spawn(move || {
                         lower_priority(nice);
                         for job in rx {
-                            let bytes = job.data.bytes;
-                            run_job(&storage, job, write_bytes);
-                            on_done(bytes);
+                            run_job(&storage, job, write_bytes, &on_done);
                         }
                     })
                     .expect("spawn flusher thread");
             }
             queues.push(tx);
         }
-        Flushers { queues, storage, write_bytes }
+        Flushers { queues, storage, write_bytes, on_done }
     }
 
-    /// Takes the partition's buffer and queues it as one chunk; returns the bytes queued (0 when
-    /// the shuffle is deleted: the buffer is dropped). The caller holds the partition lock, so the
-    /// offset reservation and the buffer hand-off are atomic.
-    pub fn submit(
-        &self,
-        shuffle: &Arc<Shuffle>,
-        partition_id: u32,
-        p: &mut Partition,
-    ) -> Result<u64, NoStorage> {
-        if p.buffer.bytes == 0 {
-            return Ok(0);
-        }
-        if shuffle.deleted.load(Ordering::Acquire) {
-            // Pushed just before the shuffle was deleted: nothing may create its files again
-            // (its current file went to the recycle pool). The buffer and its memory go.
-            drop(std::mem::take(&mut p.buffer));
-            return Ok(0);
-        }
-        // A partition whose file is on a full directory moves to one in service, if any; with
-        // none, accepted data still goes to its file (the reserve is there for it, and the
-        // flusher waits for space on `ENOSPC`).
-        let target = match &p.file {
-            Some(f) if f.dir.in_service() => f.clone(),
-            Some(f) if !f.dir.is_failed() && !self.storage.has_healthy() => f.clone(),
-            _ => open_next_file(&self.storage, shuffle, partition_id, p, None)
-                .map_err(|e| NoStorage(e.to_string()))?,
-        };
-        let data = std::mem::take(&mut p.buffer);
-        let bytes = data.bytes;
-        let offset = p.next_offset;
-        p.next_offset += padded_len(bytes);
-        shuffle.inflight_flushes.fetch_add(1, Ordering::AcqRel);
-        let job =
-            FlushJob { shuffle: shuffle.clone(), partition: partition_id, data, target, offset };
-        if let Err(e) = self.queues[job.target.dir.index].send(job) {
+    /// Queues a plan on its directory's flushers.
+    pub fn submit(&self, shuffle: &Arc<Shuffle<FileRef>>, plan: FlushPlan<FileRef>) {
+        let queue = &self.queues[plan.file().dir.index];
+        if let Err(e) = queue.send(FlushJob { shuffle: shuffle.clone(), plan }) {
             // Only when the threads are gone (shutdown): write inline rather than lose it.
-            run_job(&self.storage, e.into_inner(), self.write_bytes);
+            run_job(&self.storage, e.into_inner(), self.write_bytes, &self.on_done);
         }
-        Ok(bytes)
     }
 }
 
@@ -169,124 +100,59 @@ fn lower_priority(nice: i32) {
     }
 }
 
-/// Opens the partition's next file on the healthiest directory other than `avoid`.
-fn open_next_file(
-    storage: &Storage,
-    shuffle: &Shuffle,
-    partition_id: u32,
-    p: &mut Partition,
-    avoid: Option<usize>,
-) -> std::io::Result<OpenFile> {
-    loop {
-        let Some(dir) = storage.choose(avoid) else {
-            return Err(std::io::Error::other(storage.unavailable_reason()));
-        };
-        let path = shuffle.file_path(&dir, partition_id, p.files_created);
-        let opened = match dir.take_recycled(&path) {
-            Some(file) => Ok(file),
-            None => create_file(&path).map(Arc::new),
-        };
-        match opened {
-            Ok(file) => {
-                p.files_created += 1;
-                let f = OpenFile { file, dir, path };
-                p.file = Some(f.clone());
-                p.next_offset = 0;
-                return Ok(f);
-            }
-            Err(e) => {
-                note_failure(&dir, &e);
-            }
+fn run_job(storage: &Storage, job: FlushJob, write_bytes: usize, on_done: &OnFlushed) {
+    let FlushJob { shuffle, mut plan } = job;
+    let outcome = loop {
+        if shuffle.is_deleted() {
+            break FlushOutcome::Dropped;
         }
-    }
+        let (file, offset) = (plan.file().file.clone(), plan.offset());
+        let e = match write_all_at(&file, plan.slices(), offset, write_bytes) {
+            Ok(()) => break FlushOutcome::Written,
+            Err(e) => e,
+        };
+        // A full disk gives back its recycled files first; then the same write again.
+        if is_nospc(&e) && plan.file().dir.drain_pool() > 0 {
+            continue;
+        }
+        let full = note_failure(&plan.file().dir, &e);
+        if let Err(e2) = relocate(storage, &shuffle, &mut plan, full) {
+            if shuffle.is_deleted() {
+                break FlushOutcome::Dropped; // deleted while waiting for space: nothing to keep
+            }
+            let msg = format!("flush failed ({e}) and no directory is left ({e2})");
+            tracing::error!(shuffle = %shuffle.key(), partition = plan.partition(),
+                bytes = plan.bytes(), "{msg}");
+            break FlushOutcome::Lost(msg);
+        }
+    };
+    let bytes = plan.bytes();
+    // The memory is released here, before a committer waiting for the flush is woken.
+    let last = shuffle.flushed(plan, outcome);
+    on_done(bytes, last);
 }
 
-fn run_job(storage: &Storage, mut job: FlushJob, write_bytes: usize) {
-    let shuffle = job.shuffle.clone();
-    let runs = std::mem::take(&mut job.data.runs);
-    let mut runs = group_by_attempt(&mut job.data.slices, &runs);
-    // The page padding goes out as one more slice (`bytes` keeps the chunk's own length).
-    let pad = (padded_len(job.data.bytes) - job.data.bytes) as usize;
-    if pad > 0 {
-        job.data.slices.push(bytes::Bytes::from_static(&ZEROS[..pad]));
-    }
-    loop {
-        if shuffle.deleted.load(Ordering::Acquire) {
-            break;
-        }
-        match write_all_at(&job.target.file, &job.data.slices, job.offset, write_bytes) {
-            Ok(()) => {
-                let chunk = Chunk {
-                    file: job.target.file.clone(),
-                    offset: job.offset,
-                    len: job.data.bytes,
-                    runs: std::mem::take(&mut runs),
-                };
-                shuffle.partitions[job.partition as usize].lock().chunks.push(chunk);
-                break;
-            }
-            Err(e) => {
-                // A full disk gives back its recycled files first; then the same write again.
-                if is_nospc(&e) && job.target.dir.drain_pool() > 0 {
-                    continue;
-                }
-                let full = note_failure(&job.target.dir, &e);
-                if let Err(e2) = relocate(storage, &shuffle, &mut job, full) {
-                    if shuffle.deleted.load(Ordering::Acquire) {
-                        break; // deleted while waiting for space: nothing to keep
-                    }
-                    let msg = format!("flush failed ({e}) and no directory is left ({e2})");
-                    tracing::error!(app = %shuffle.app_id, shuffle = shuffle.shuffle_id,
-                        partition = job.partition, bytes = job.data.bytes, "{msg}");
-                    shuffle.partitions[job.partition as usize].lock().lost.get_or_insert(msg);
-                    break;
-                }
-            }
-        }
-    }
-    // Release the memory before waking a committer waiting for the flush to finish.
-    drop(job);
-    if shuffle.inflight_flushes.fetch_sub(1, Ordering::AcqRel) == 1 {
-        shuffle.flushed.notify_waiters();
-    }
-}
-
-/// Points a job whose write failed at the partition's next file (a new offset in it). After a
-/// full disk with no other directory to go to, waits for one to have room until [`FULL_WAIT`]
-/// after the directory filled up, re-reading free space; the partition lock is not held while
-/// waiting.
+/// Points a plan whose write failed at the partition's next file. After a full disk with no
+/// other directory to go to, waits for one to have room until [`FULL_WAIT`] after the directory
+/// filled up, re-reading free space; the partition is not locked while waiting.
 fn relocate(
     storage: &Storage,
-    shuffle: &Shuffle,
-    job: &mut FlushJob,
+    shuffle: &Shuffle<FileRef>,
+    plan: &mut FlushPlan<FileRef>,
     full: bool,
-) -> std::io::Result<()> {
-    // The wait counts from when the directory filled up, so the jobs queued behind this one
+) -> Result<(), String> {
+    // The wait counts from when the directory filled up, so the plans queued behind this one
     // do not each wait anew.
-    let deadline = match job.target.dir.full_since() {
+    let deadline = match plan.file().dir.full_since() {
         Some(since) if full => since + FULL_WAIT,
         _ => Instant::now(),
     };
-    let mut avoid = Some(job.target.dir.index);
+    let mut avoid = Some(plan.file().dir.index);
     loop {
-        {
-            let mut p = shuffle.partitions[job.partition as usize].lock();
-            let next = match &p.file {
-                Some(f) if f.dir.in_service() => Ok(f.clone()),
-                _ => open_next_file(storage, shuffle, job.partition, &mut p, avoid),
-            };
-            match next {
-                Ok(f) => {
-                    job.offset = p.next_offset;
-                    p.next_offset += padded_len(job.data.bytes);
-                    job.target = f;
-                    return Ok(());
-                }
-                Err(e) if Instant::now() >= deadline || shuffle.deleted.load(Ordering::Acquire) => {
-                    return Err(e);
-                }
-                Err(_) => {}
-            }
+        match shuffle.retarget(plan, &Placement::after_failure(storage, avoid)) {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() >= deadline || shuffle.is_deleted() => return Err(e),
+            Err(_) => {}
         }
         // The directory that was full may take data again once space is freed.
         avoid = None;
@@ -353,7 +219,7 @@ mod tests {
     fn flusher_threads_run_below_the_servers_priority() {
         let dir = tempfile::tempdir().unwrap();
         let storage = Arc::new(Storage::open(&[dir.path().to_path_buf()], 0, 0));
-        let _f = Flushers::start(storage, 1, 7, 256 << 10, Arc::new(|_| {}));
+        let _f = Flushers::start(storage, 1, 7, 256 << 10, Arc::new(|_, _| {}));
         let me = rustix::process::getpriority_process(None).unwrap();
         let want = (me + 7).min(19);
         let task_dir = std::path::Path::new("/proc/self/task");
@@ -386,16 +252,24 @@ mod tests {
         }
     }
 
-    /// Buffers `bytes` for partition 0 and submits them; waits for the flush.
-    fn flush_once(flushers: &Flushers, shuffle: &Arc<Shuffle>, bytes: usize) {
-        let mut p = shuffle.partitions[0].lock();
-        p.buffer.slices.push(bytes::Bytes::from(vec![7u8; bytes]));
-        p.buffer.runs.push(crate::shuffle::Run { map_id: 0, attempt_id: 0, len: bytes as u32 });
-        p.buffer.bytes = bytes as u64;
-        flushers.submit(shuffle, 0, &mut p).expect("a directory takes it");
-        drop(p);
+    /// A push of one `bytes`-byte batch of map 0 for partition 0 of a shuffle whose chunks are
+    /// one byte, so it is flushed at once; waits for the flush.
+    fn flush_once(
+        storage: &Storage,
+        flushers: &Flushers,
+        shuffle: &Arc<Shuffle<FileRef>>,
+        bytes: usize,
+    ) {
+        let body = crate::core::tests::batch_body(0, 0, bytes);
+        let length = body.len() as u32;
+        let section = sluice_proto::message::Section { partition_id: 0, offset: 0, length };
+        let pushed = shuffle.push(&[section], &body, None, &Placement::for_flush(storage));
+        pushed.result.expect("a directory takes it");
+        for plan in pushed.flushes {
+            flushers.submit(shuffle, plan);
+        }
         let deadline = Instant::now() + Duration::from_secs(5);
-        while shuffle.inflight_flushes.load(Ordering::Acquire) > 0 {
+        while shuffle.flushes_in_flight() > 0 {
             assert!(Instant::now() < deadline, "flush never finished");
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -406,34 +280,26 @@ mod tests {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let storage =
             Arc::new(Storage::open(&[a.path().to_path_buf(), b.path().to_path_buf()], 0, 0));
-        let flushers = Flushers::start(storage.clone(), 1, 0, 4096, Arc::new(|_| {}));
-        let shuffle = Shuffle::new("app", 1, 1, 1);
-        flush_once(&flushers, &shuffle, 1000);
-        let first = shuffle.partitions[0].lock().file.clone().unwrap().dir.index;
+        let flushers = Flushers::start(storage.clone(), 1, 0, 4096, Arc::new(|_, _| {}));
+        let shuffle = Arc::new(Shuffle::new(crate::core::ShuffleKey::new("app", 1), 1, 1, 1));
+        flush_once(&storage, &flushers, &shuffle, 1000);
+        let first = shuffle.partition(0).unwrap().current_file().unwrap().dir.index;
 
         // Its directory fills up: the next chunk goes to the other one, in a new file.
         storage.dirs()[first].mark_full(&"test");
-        flush_once(&flushers, &shuffle, 1000);
-        let p = shuffle.partitions[0].lock();
-        assert_eq!(p.file.as_ref().unwrap().dir.index, 1 - first);
-        assert_eq!((p.files_created, p.chunks.len(), p.lost.as_deref()), (2, 2, None));
+        flush_once(&storage, &flushers, &shuffle, 1000);
+        let p = shuffle.partition(0).unwrap();
+        assert_eq!(p.current_file().unwrap().dir.index, 1 - first);
+        assert_eq!((p.files_opened(), p.chunks().len(), p.lost()), (2, 2, None));
         drop(p);
 
         // Both full: data already accepted still goes to the partition's file (the reserve is
         // for it), not to a lost partition.
         storage.dirs()[1 - first].mark_full(&"test");
-        flush_once(&flushers, &shuffle, 1000);
-        let p = shuffle.partitions[0].lock();
-        assert_eq!(p.file.as_ref().unwrap().dir.index, 1 - first);
-        assert_eq!((p.files_created, p.chunks.len(), p.lost.as_deref()), (2, 3, None));
-    }
-
-    #[test]
-    fn chunks_are_page_aligned() {
-        assert_eq!(padded_len(0), 0);
-        assert_eq!(padded_len(1), 4096);
-        assert_eq!(padded_len(4096), 4096);
-        assert_eq!(padded_len(4097), 8192);
+        flush_once(&storage, &flushers, &shuffle, 1000);
+        let p = shuffle.partition(0).unwrap();
+        assert_eq!(p.current_file().unwrap().dir.index, 1 - first);
+        assert_eq!((p.files_opened(), p.chunks().len(), p.lost()), (2, 3, None));
     }
 
     #[test]

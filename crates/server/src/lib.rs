@@ -4,23 +4,35 @@
 //! disks, seals partitions on commit and serves chunks to readers with `sendfile`.
 //!
 //! ## Layout
-//! - [`config`]: the server's configuration.
-//! - [`memory_budget`]: reservations and watermarks for buffered data.
-//! - [`storage`]: data directories, chosen by free space, taken out of service on failure.
-//! - [`shuffle`]: applications, shuffles, partition buffers and the chunk index.
-//! - [`flusher`]: threads that append buffers to partition files.
-//! - [`state`]: what each request does to the above.
-//! - [`stats`]: counters exported as Prometheus text.
-//! - this file: the transport [`Handler`](sluice_transport::Handler), heartbeats to
-//!   coordinators and the maintenance tick, wired together by [`Server::serve`].
+//! The shuffle logic is a core with no I/O; the rest is the shell that does the I/O around it.
+//! - `core`: what the server remembers about its shuffles and every rule about how it changes:
+//!   applications, shuffles and their lifecycle, partitions (buffers, file cursors, chunk
+//!   index), map ends, streams. No sockets, files or clock; unit-tested and fuzzed alone.
+//! - `state`: the wiring — each request handed to the core, its flush plans to the flushers,
+//!   deleted shuffles' files to storage.
+//! - `flusher`: threads that write flush plans at their `(file, offset)` and report back.
+//! - `files`: partition files: where a partition's next one is created, and their removal.
+//! - `storage`: data directories, chosen by free space, taken out of service on failure; the
+//!   recycle pool.
+//! - `memory_budget`: reservations and watermarks for buffered data.
+//! - [`config`]: the server's configuration ([`ServerConfig`]).
+//! - `stats`: counters exported as Prometheus text.
+//! - this file: the transport [`Handler`], heartbeats to coordinators and the maintenance
+//!   tick, wired together by [`Server::serve`].
+//! - [`fuzzing`] (feature `fuzzing`): operation sequences applied to the core, for the
+//!   `core_ops` fuzz target and the property test.
+#![warn(missing_docs)]
 
 pub mod config;
-pub mod flusher;
-pub mod memory_budget;
-pub mod shuffle;
-pub mod state;
-pub mod stats;
-pub mod storage;
+mod core;
+mod files;
+mod flusher;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
+mod memory_budget;
+mod state;
+mod stats;
+mod storage;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -29,13 +41,14 @@ use std::time::Duration;
 
 use sluice_proto::message::{Message, RegisterServer, ServerHeartbeat};
 use sluice_transport::{
-    Admission, BodyPermit, BodyPool, ClientConfig, ConnInfo, Handler, Pool, Request, Response,
-    TransportStats,
+    Admission, BodyPool, ClientConfig, ConnInfo, Handler, Pool, Request, Response, TransportStats,
 };
 use tokio::net::TcpListener;
 
 pub use config::ServerConfig;
 pub use state::ServerState;
+
+use state::{Admit, Admitted};
 
 /// Adapts [`ServerState`] to the transport's handler interface.
 struct ServerHandler {
@@ -43,22 +56,23 @@ struct ServerHandler {
 }
 
 impl Handler for ServerHandler {
-    fn admit(&self, _conn: &ConnInfo, message: &Message, body_len: u32) -> Admission {
+    /// An admitted push's memory reservation and shuffle (`None` for other requests).
+    type Permit = Option<Admitted>;
+
+    fn admit(&self, _conn: &ConnInfo, message: &Message, body_len: u32) -> Admission<Self::Permit> {
         let (app, shuffle) = match message {
             Message::Push(p) => (&p.app_id, p.shuffle_id),
             Message::PushMerged(p) => (&p.app_id, p.shuffle_id),
             _ => return Admission::Accept(None),
         };
         match self.state.admit_push(app, shuffle, body_len) {
-            Ok(admitted) => Admission::Accept(Some(Box::new(admitted))),
-            Err(Some(reply)) => Admission::Reject(reply),
-            Err(None) if self.state.config.busy_hold_ms > 0 => {
+            Admit::Admitted(admitted) => Admission::Accept(Some(admitted)),
+            Admit::Refused(refusal) => Admission::Reject(refusal.into()),
+            Admit::NoRoom if self.state.config().busy_hold_ms > 0 => {
                 let hold = self.state.clone().hold_push(app.clone(), shuffle, body_len);
-                Admission::Later(Box::pin(async move {
-                    hold.await.map(|admitted| Some(Box::new(admitted) as BodyPermit))
-                }))
+                Admission::Later(Box::pin(async move { hold.await.map(Some) }))
             }
-            Err(None) => Admission::Reject(self.state.busy_reply()),
+            Admit::NoRoom => Admission::Reject(self.state.busy_reply()),
         }
     }
 
@@ -69,21 +83,18 @@ impl Handler for ServerHandler {
     fn handle(
         &self,
         conn: &Arc<ConnInfo>,
-        req: Request,
+        req: Request<Self::Permit>,
     ) -> impl Future<Output = Response> + Send + 'static {
-        let state = self.state.clone();
-        let max_frame = conn.max_frame_bytes;
         // The permit is what `admit` made: the reservation (it moves into the partition buffers)
         // and the shuffle.
-        let admitted = req.permit.and_then(|p| p.downcast::<state::Admitted>().ok()).map(|b| *b);
-        state.dispatch(req.message, req.body, admitted, max_frame)
+        self.state.clone().dispatch(req.message, req.body, req.permit, conn.max_frame_bytes)
     }
 }
 
 /// A configured server, ready to serve on a listener.
 pub struct Server {
-    pub state: Arc<ServerState>,
-    pub transport_stats: Arc<TransportStats>,
+    state: Arc<ServerState>,
+    transport_stats: Arc<TransportStats>,
 }
 
 impl Server {
@@ -91,10 +102,25 @@ impl Server {
     pub fn new(config: ServerConfig) -> Result<Server, String> {
         config.validate()?;
         raise_open_file_limit();
-        Ok(Server {
-            state: ServerState::new(config),
-            transport_stats: Arc::new(TransportStats::default()),
-        })
+        let state = ServerState::new(config);
+        for d in state.storage.dirs() {
+            if d.is_failed() {
+                tracing::error!(dir = %d.path.display(), "data directory unusable at start");
+            }
+        }
+        Ok(Server { state, transport_stats: Arc::new(TransportStats::default()) })
+    }
+
+    /// The server's state: what drains it and reports what it holds.
+    pub fn state(&self) -> &Arc<ServerState> {
+        &self.state
+    }
+
+    /// A function that renders the server's metrics as Prometheus text (for the metrics
+    /// endpoint, which outlives no server).
+    pub fn metrics_source(&self) -> impl Fn() -> String + Send + Sync + 'static {
+        let (state, transport) = (self.state.clone(), self.transport_stats.clone());
+        move || Server::metrics(&state, &transport)
     }
 
     /// Serves on `listener` until `shutdown` completes; heartbeats to the configured coordinators
@@ -108,14 +134,14 @@ impl Server {
         let state = self.state.clone();
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(maintenance(state.clone()));
-        for coord in state.config.coordinators.clone() {
+        for coord in state.config().coordinators.clone() {
             tasks.spawn(heartbeat_loop(state.clone(), self.transport_stats.clone(), coord, local));
         }
         let handler = Arc::new(ServerHandler { state: state.clone() });
         let result = sluice_transport::serve(
             listener,
             handler,
-            state.config.transport.clone(),
+            state.config().transport.clone(),
             self.transport_stats.clone(),
             shutdown,
         )
@@ -125,7 +151,7 @@ impl Server {
     }
 
     /// Prometheus text for the server's counters and gauges.
-    pub fn metrics(state: &ServerState, transport: &TransportStats) -> String {
+    fn metrics(state: &ServerState, transport: &TransportStats) -> String {
         let t = transport.snapshot();
         let pool = state.body_pool.stats();
         state.stats.prometheus(&[
@@ -193,15 +219,15 @@ async fn maintenance(state: Arc<ServerState>) {
 
 /// Identity a server reports to coordinators.
 fn identity(state: &ServerState, local: SocketAddr) -> (String, String, u16) {
-    let host = if state.config.advertise_host.is_empty() {
+    let host = if state.config().advertise_host.is_empty() {
         local.ip().to_string()
     } else {
-        state.config.advertise_host.clone()
+        state.config().advertise_host.clone()
     };
-    let id = if state.config.server_id.is_empty() {
+    let id = if state.config().server_id.is_empty() {
         format!("{host}:{}", local.port())
     } else {
-        state.config.server_id.clone()
+        state.config().server_id.clone()
     };
     (id, host, local.port())
 }
@@ -216,12 +242,12 @@ async fn heartbeat_loop(
 ) {
     let (server_id, host, port) = identity(&state, local);
     // Coordinators with authentication on take the same shared secret as the servers.
-    let secret = state.config.transport.secret.clone().unwrap_or_default();
+    let secret = state.config().transport.secret.clone().unwrap_or_default();
     let pool =
         Pool::new(ClientConfig { connections_per_peer: 1, secret, ..ClientConfig::default() });
     let mut registered = false;
     let mut last_pushed = 0u64;
-    let interval = Duration::from_millis(state.config.heartbeat_interval_ms);
+    let interval = Duration::from_millis(state.config().heartbeat_interval_ms);
     let mut tick = tokio::time::interval(interval);
     loop {
         tick.tick().await;

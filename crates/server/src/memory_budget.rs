@@ -164,13 +164,6 @@ pub struct Reservation {
     bytes: u64,
 }
 
-impl Reservation {
-    /// Bytes this reservation holds.
-    pub fn bytes(&self) -> u64 {
-        self.bytes
-    }
-}
-
 impl Drop for Reservation {
     fn drop(&mut self) {
         let b = &self.budget;

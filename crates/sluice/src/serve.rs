@@ -126,21 +126,11 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
         load(args.common.config.as_deref(), "SLUICE_SERVER_", &args.common.sets(extra))?;
     let listen = config.listen.clone();
     let server = sluice_server::Server::new(config).map_err(anyhow::Error::msg)?;
-    for d in server.state.storage.dirs() {
-        if d.is_failed() {
-            tracing::error!(dir = %d.path.display(), "data directory unusable at start");
-        }
-    }
     let listener = bind(&listen).await?;
     if let Some(m) = &args.common.metrics_listen {
-        let (state, transport) = (server.state.clone(), server.transport_stats.clone());
-        serve_metrics(
-            m.clone(),
-            Arc::new(move || sluice_server::Server::metrics(&state, &transport)),
-        )
-        .await?;
+        serve_metrics(m.clone(), Arc::new(server.metrics_source())).await?;
     }
-    let state = server.state.clone();
+    let state = server.state().clone();
     server.serve(listener, server_stop(state)).await?;
     Ok(())
 }
@@ -156,7 +146,7 @@ async fn server_stop(state: Arc<sluice_server::ServerState>) {
         _ = usr1.recv() => {}
     }
     state.start_draining();
-    let timeout = Duration::from_millis(state.config.drain_timeout_ms);
+    let timeout = Duration::from_millis(state.config().drain_timeout_ms);
     let drained = async {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {

@@ -38,5 +38,5 @@ pub use config::{ClientConfig, ServerConfig};
 pub use error::TransportError;
 pub use outbound::{OutFrame, Outbound, WriterOptions};
 pub use pool::Pool;
-pub use server::{serve, Admission, BodyPermit, ConnInfo, Handler, Request, Response};
+pub use server::{serve, Admission, ConnInfo, Handler, Request, Response};
 pub use stats::{StatsSnapshot, TransportStats};

@@ -961,6 +961,8 @@ struct ChunkServer {
 }
 
 impl Handler for ChunkServer {
+    type Permit = ();
+
     fn handle(
         &self,
         _conn: &Arc<ConnInfo>,

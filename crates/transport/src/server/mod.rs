@@ -4,7 +4,6 @@
 
 mod connection;
 
-use std::any::Any;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -23,14 +22,13 @@ use crate::body::Body;
 use crate::config::ServerConfig;
 use crate::stats::TransportStats;
 
-/// Whatever the handler wants to keep alive with an admitted body — typically a memory-budget
-/// reservation of `body_len` bytes, released when the request (and so the permit) is dropped.
-pub type BodyPermit = Box<dyn Any + Send + Sync>;
-
-/// The handler's decision about a request body, made from its header and fields alone.
-pub enum Admission {
+/// The handler's decision about a request body, made from its header and fields alone. `P` is
+/// the handler's [`Handler::Permit`]: whatever it wants kept alive with an admitted body
+/// (typically a memory-budget reservation of the body's bytes, released when the request, and
+/// so the permit, is dropped).
+pub enum Admission<P> {
     /// Read the body; the permit travels with the [`Request`].
-    Accept(Option<BodyPermit>),
+    Accept(P),
     /// Do not keep the body: it is read and dropped through a bounded scratch buffer (never
     /// buffered whole), and this message is the reply (e.g. `Busy`).
     Reject(Message),
@@ -38,19 +36,19 @@ pub enum Admission {
     /// as [`Admission::Accept`], `Err` as [`Admission::Reject`]. Meanwhile the body waits in
     /// the socket and the peer's further sends back up behind it (TCP flow control): the way to
     /// slow a pusher down without making it send a body twice. The future should be short.
-    Later(Pin<Box<dyn Future<Output = Result<Option<BodyPermit>, Message>> + Send>>),
+    Later(Pin<Box<dyn Future<Output = Result<P, Message>> + Send>>),
 }
 
-/// One request from a peer.
-pub struct Request {
+/// One request from a peer, with the permit its handler's admission gave it.
+pub struct Request<P = ()> {
     /// The peer's id for this request; the transport puts it on the response.
     pub request_id: u32,
     /// The decoded message.
     pub message: Message,
     /// The body, in a buffer of exactly its size (empty when the message has none).
     pub body: Bytes,
-    /// What [`Handler::admit`] returned with `Accept`.
-    pub permit: Option<BodyPermit>,
+    /// What [`Handler::admit`] accepted the request with.
+    pub permit: P,
 }
 
 /// The answer to a request.
@@ -93,12 +91,16 @@ pub struct ConnInfo {
 
 /// The application above the transport (the shuffle server, the coordinator).
 pub trait Handler: Send + Sync + 'static {
+    /// What admission hands to [`Handler::handle`] with an admitted request (`()` for a handler
+    /// that admits everything); the default is what [`Handler::admit`]'s default gives.
+    type Permit: Default + Send + 'static;
+
     /// Called after a request's header and fields are decoded, *before* its body is read: the
     /// place to reserve memory for `body_len` bytes, or to refuse the body. Must not block (to
     /// wait, return [`Admission::Later`]).
-    fn admit(&self, conn: &ConnInfo, message: &Message, body_len: u32) -> Admission {
+    fn admit(&self, conn: &ConnInfo, message: &Message, body_len: u32) -> Admission<Self::Permit> {
         let _ = (conn, message, body_len);
-        Admission::Accept(None)
+        Admission::Accept(Self::Permit::default())
     }
 
     /// Handles one request. Futures of one connection run concurrently (up to
@@ -107,7 +109,7 @@ pub trait Handler: Send + Sync + 'static {
     fn handle(
         &self,
         conn: &Arc<ConnInfo>,
-        req: Request,
+        req: Request<Self::Permit>,
     ) -> impl Future<Output = Response> + Send + 'static;
 
     /// Where request bodies get their buffers: a pool shared by every connection, or `None`

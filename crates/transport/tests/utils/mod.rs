@@ -35,12 +35,14 @@ pub struct TestHandler {
 }
 
 impl Handler for TestHandler {
-    fn admit(&self, _conn: &ConnInfo, _message: &Message, body_len: u32) -> Admission {
+    type Permit = ();
+
+    fn admit(&self, _conn: &ConnInfo, _message: &Message, body_len: u32) -> Admission<()> {
         match self.reject_above {
             Some(max) if body_len > max => {
                 Admission::Reject(Message::Busy(sluice_proto::message::Busy { backoff_ms: 7 }))
             }
-            _ => Admission::Accept(None),
+            _ => Admission::Accept(()),
         }
     }
 

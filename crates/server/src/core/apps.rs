@@ -1,0 +1,153 @@
+//! The applications a server holds shuffles of, and when each was last heard from.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use sluice_proto::message::RegisterShuffle;
+use sluice_proto::ErrorCode;
+
+use super::shuffle::{Shuffle, ShuffleKey};
+use super::Refusal;
+
+/// A registered application.
+#[derive(Debug)]
+struct App<F> {
+    /// When a request of the application last arrived (passed in: the core reads no clock).
+    last_seen: Instant,
+    shuffles: HashMap<u32, Arc<Shuffle<F>>>,
+}
+
+/// A shuffle that was deleted: what its files were, for the shell to remove.
+#[derive(Debug)]
+pub struct Deleted<F> {
+    /// Which shuffle.
+    pub key: ShuffleKey,
+    /// Its partitions' current files, which may be recycled.
+    pub files: Vec<F>,
+}
+
+/// Every application and its shuffles. One lock for the map: a lookup per request, held for a
+/// hash probe and a reference count.
+#[derive(Debug)]
+pub struct Apps<F> {
+    apps: Mutex<HashMap<String, App<F>>>,
+}
+
+impl<F> Default for Apps<F> {
+    fn default() -> Self {
+        Apps { apps: Mutex::new(HashMap::new()) }
+    }
+}
+
+impl<F: Clone> Apps<F> {
+    /// Notes that `app_id` was heard from at `now` (registering it if new).
+    pub fn touch(&self, app_id: &str, now: Instant) {
+        let mut apps = self.apps.lock();
+        match apps.get_mut(app_id) {
+            Some(a) => a.last_seen = now,
+            None => {
+                apps.insert(app_id.to_owned(), App { last_seen: now, shuffles: HashMap::new() });
+            }
+        }
+    }
+
+    /// Registers a shuffle (and its application, if new). Registering it again with the same
+    /// sizes is a no-op; with other sizes, a refusal.
+    pub fn register_shuffle(
+        &self,
+        r: &RegisterShuffle,
+        chunk_bytes: u64,
+        now: Instant,
+    ) -> Result<(), Refusal> {
+        let mut apps = self.apps.lock();
+        let app = apps
+            .entry(r.app_id.clone())
+            .or_insert_with(|| App { last_seen: now, shuffles: HashMap::new() });
+        app.last_seen = now;
+        match app.shuffles.get(&r.shuffle_id) {
+            Some(s) if s.num_partitions() != r.num_partitions || s.num_maps() != r.num_maps => {
+                Err(Refusal::new(
+                    ErrorCode::InvalidRequest,
+                    format!("{} is already registered with other sizes", s.key()),
+                ))
+            }
+            Some(_) => Ok(()),
+            None => {
+                let key = ShuffleKey::new(&r.app_id, r.shuffle_id);
+                let s = Shuffle::new(key, r.num_maps, r.num_partitions, chunk_bytes);
+                app.shuffles.insert(r.shuffle_id, Arc::new(s));
+                Ok(())
+            }
+        }
+    }
+
+    /// A registered shuffle.
+    pub fn shuffle(&self, app_id: &str, shuffle_id: u32) -> Result<Arc<Shuffle<F>>, Refusal> {
+        let apps = self.apps.lock();
+        let Some(app) = apps.get(app_id) else {
+            let why = format!("application {app_id} is not registered");
+            return Err(Refusal::new(ErrorCode::UnknownApp, why));
+        };
+        match app.shuffles.get(&shuffle_id) {
+            Some(s) => Ok(s.clone()),
+            None => Err(Refusal::new(
+                ErrorCode::UnknownShuffle,
+                format!("shuffle {shuffle_id} of {app_id} is not registered"),
+            )),
+        }
+    }
+
+    /// Unregisters and deletes a shuffle (`None`: it was not registered).
+    pub fn unregister_shuffle(
+        &self,
+        app_id: &str,
+        shuffle_id: u32,
+    ) -> Result<Option<Deleted<F>>, Refusal> {
+        let removed = {
+            let mut apps = self.apps.lock();
+            let Some(app) = apps.get_mut(app_id) else {
+                let why = format!("application {app_id} is not registered");
+                return Err(Refusal::new(ErrorCode::UnknownApp, why));
+            };
+            app.shuffles.remove(&shuffle_id)
+        };
+        Ok(removed.map(|s| delete(&s)))
+    }
+
+    /// Removes an application and deletes its shuffles (`None`: it was not registered). The
+    /// deletions run outside the map's lock.
+    pub fn remove(&self, app_id: &str) -> Option<Vec<Deleted<F>>> {
+        let app = self.apps.lock().remove(app_id)?;
+        Some(app.shuffles.values().map(|s| delete(s)).collect())
+    }
+
+    /// The applications not heard from for more than `limit` before `now`.
+    pub fn expired(&self, now: Instant, limit: Duration) -> Vec<String> {
+        let apps = self.apps.lock();
+        let old = apps.iter().filter(|(_, a)| now.saturating_duration_since(a.last_seen) > limit);
+        old.map(|(id, _)| id.clone()).collect()
+    }
+
+    /// Every shuffle held.
+    pub fn shuffles(&self) -> Vec<Arc<Shuffle<F>>> {
+        let apps = self.apps.lock();
+        apps.values().flat_map(|a| a.shuffles.values().cloned()).collect()
+    }
+
+    /// Shuffles held, of every application.
+    pub fn shuffles_held(&self) -> usize {
+        self.apps.lock().values().map(|a| a.shuffles.len()).sum()
+    }
+
+    /// Partitions of all shuffles held.
+    pub fn partitions_held(&self) -> u32 {
+        let apps = self.apps.lock();
+        apps.values().flat_map(|a| a.shuffles.values()).map(|s| s.num_partitions()).sum()
+    }
+}
+
+fn delete<F: Clone>(s: &Shuffle<F>) -> Deleted<F> {
+    Deleted { key: s.key().clone(), files: s.delete() }
+}

@@ -1,0 +1,188 @@
+//! What each map's attempts reported in `MapperEnd`, and which attempts a stream reads.
+
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+
+use sluice_proto::message::{CommittedMap, MapAttempt};
+
+/// How many later attempts of one map a server remembers; an engine makes a handful (retries,
+/// speculative copies, stage re-runs), so more means a misbehaving client.
+pub const MAX_LATER_ATTEMPTS: usize = 64;
+
+/// What a map's attempts reported: the winner's (the first to arrive), and the later
+/// attempts', which are read only when a reader names them (`OpenStream::attempts`).
+#[derive(Debug, Clone)]
+struct MapEnd {
+    attempt_id: u32,
+    /// partition → batches pushed there.
+    batches: HashMap<u32, u32>,
+    /// Later attempts, in arrival order: (attempt, partition → batches).
+    later: Vec<(u32, HashMap<u32, u32>)>,
+}
+
+impl MapEnd {
+    /// The batches per partition that `attempt` reported, if it ended here.
+    fn batches_of(&self, attempt: u32) -> Option<&HashMap<u32, u32>> {
+        if attempt == self.attempt_id {
+            return Some(&self.batches);
+        }
+        self.later.iter().find(|(a, _)| *a == attempt).map(|(_, b)| b)
+    }
+}
+
+/// What `MapperEnd` recorded for one map attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Recorded (or already known); the map's winning attempt is this one.
+    Winner(u32),
+    /// Kept nowhere: the map had no end before the commit, or too many attempts of it ended.
+    NotKept,
+}
+
+/// Every map's ends of one shuffle.
+#[derive(Debug, Default)]
+pub(crate) struct MapEnds {
+    maps: HashMap<u32, MapEnd>,
+}
+
+impl MapEnds {
+    /// Records a map attempt's end; the first attempt to report wins. A later attempt is kept
+    /// beside it (once; a repeated `MapperEnd` of an attempt changes nothing), also after the
+    /// commit: its pushes were all acknowledged, so made before the commit. A map with no end
+    /// before the commit (`committed`) never gets one: the commit needed every map.
+    pub(crate) fn record(
+        &mut self,
+        map_id: u32,
+        attempt_id: u32,
+        counts: &[(u32, u32)],
+        committed: bool,
+    ) -> (Ended, bool) {
+        let batches = || counts.iter().copied().collect();
+        let e = match self.maps.entry(map_id) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(_) if committed => return (Ended::NotKept, false),
+            Entry::Vacant(v) => {
+                v.insert(MapEnd { attempt_id, batches: batches(), later: Vec::new() })
+            }
+        };
+        let mut dropped = false;
+        if e.batches_of(attempt_id).is_none() {
+            if e.later.len() < MAX_LATER_ATTEMPTS {
+                e.later.push((attempt_id, batches()));
+            } else {
+                dropped = true;
+            }
+        }
+        (Ended::Winner(e.attempt_id), dropped)
+    }
+
+    /// The batches `attempt` of `map` reported for `partition`, if that attempt ended here.
+    pub(crate) fn batches(&self, map: u32, attempt: u32, partition: u32) -> Option<u32> {
+        let counts = self.maps.get(&map)?.batches_of(attempt)?;
+        Some(counts.get(&partition).copied().unwrap_or(0))
+    }
+
+    /// The first map of `[start, end)` with no recorded end, if any. Costs one pass over the
+    /// ended maps, however wide the range.
+    pub(crate) fn first_unended(&self, start: u32, end: u32) -> Option<u32> {
+        let want = end.saturating_sub(start) as usize;
+        let have = self.maps.keys().filter(|m| (start..end).contains(*m)).count();
+        if have == want {
+            return None;
+        }
+        (start..end).find(|m| !self.maps.contains_key(m))
+    }
+
+    /// The winning attempt of each map of `[start, end)` that pushed to `partition`.
+    pub(crate) fn winners(&self, start: u32, end: u32, partition: u32) -> Vec<CommittedMap> {
+        self.maps
+            .iter()
+            .filter(|(m, _)| (start..end).contains(*m))
+            .filter_map(|(m, e)| {
+                let batches = *e.batches.get(&partition)?;
+                (batches > 0).then_some(CommittedMap {
+                    map_id: *m,
+                    attempt_id: e.attempt_id,
+                    batches,
+                })
+            })
+            .collect()
+    }
+
+    /// The attempts a reader named, each with its batches in `partition`; or the first that
+    /// this server cannot serve and why: an attempt that did not end here (its copy here is
+    /// incomplete, or it never wrote here), or that pushed nothing to the partition (the reader
+    /// was told it has data).
+    pub(crate) fn named(
+        &self,
+        attempts: &[MapAttempt],
+        partition: u32,
+    ) -> Result<Vec<CommittedMap>, (MapAttempt, &'static str)> {
+        attempts
+            .iter()
+            .map(|a| match self.batches(a.map_id, a.attempt_id, partition) {
+                None => Err((a.clone(), "has no MapperEnd on this server")),
+                Some(0) => Err((a.clone(), "pushed nothing to the partition here")),
+                Some(batches) => {
+                    Ok(CommittedMap { map_id: a.map_id, attempt_id: a.attempt_id, batches })
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_end_wins_later_ones_are_kept_and_bounded() {
+        let mut m = MapEnds::default();
+        assert_eq!(m.record(0, 1, &[(0, 2)], false), (Ended::Winner(1), false));
+        assert_eq!(m.record(0, 0, &[(0, 5)], false), (Ended::Winner(1), false));
+        assert_eq!(m.record(0, 0, &[(0, 9)], false).0, Ended::Winner(1), "a repeat: no change");
+        assert_eq!(m.record(0, 1, &[(0, 9)], false).0, Ended::Winner(1));
+        assert_eq!(m.batches(0, 1, 0), Some(2));
+        assert_eq!(m.batches(0, 0, 0), Some(5), "the later attempt is kept");
+        assert_eq!(m.batches(0, 2, 0), None);
+        assert_eq!(m.batches(0, 1, 7), Some(0), "ended, nothing in partition 7");
+        for a in 2..2 + MAX_LATER_ATTEMPTS as u32 - 1 {
+            assert_eq!(m.record(0, a, &[], false), (Ended::Winner(1), false));
+        }
+        assert_eq!(m.record(0, 999, &[], false), (Ended::Winner(1), true), "bounded");
+        assert_eq!(m.batches(0, 999, 0), None);
+        assert_eq!(m.record(5, 0, &[], true), (Ended::NotKept, false), "no first end after commit");
+        assert_eq!(m.record(0, 1000, &[], true).0, Ended::Winner(1), "later ones still count");
+    }
+
+    #[test]
+    fn finds_the_first_map_without_an_end() {
+        let mut m = MapEnds::default();
+        for (map, attempt) in [(0, 0), (1, 3), (3, 0)] {
+            m.record(map, attempt, &[], false);
+        }
+        assert_eq!(m.first_unended(0, 2), None);
+        assert_eq!(m.first_unended(0, 4), Some(2));
+        assert_eq!(m.first_unended(3, 4), None);
+        assert_eq!(m.first_unended(3, 5), Some(4));
+        assert_eq!(m.first_unended(2, 2), None, "an empty range");
+        assert_eq!(MapEnds::default().first_unended(0, 1), Some(0));
+    }
+
+    #[test]
+    fn winners_and_named_attempts() {
+        let mut m = MapEnds::default();
+        m.record(0, 0, &[(1, 3)], false);
+        m.record(1, 2, &[(1, 1), (2, 4)], false);
+        m.record(1, 5, &[(1, 7)], false);
+        m.record(2, 0, &[(2, 1)], false);
+        let mut w = m.winners(0, 3, 1);
+        w.sort_by_key(|c| c.map_id);
+        let got: Vec<_> = w.iter().map(|c| (c.map_id, c.attempt_id, c.batches)).collect();
+        assert_eq!(got, vec![(0, 0, 3), (1, 2, 1)]);
+        let named = m.named(&[MapAttempt { map_id: 1, attempt_id: 5 }], 1).unwrap();
+        assert_eq!((named[0].attempt_id, named[0].batches), (5, 7));
+        assert!(m.named(&[MapAttempt { map_id: 1, attempt_id: 6 }], 1).is_err());
+        assert!(m.named(&[MapAttempt { map_id: 2, attempt_id: 0 }], 1).is_err(), "nothing there");
+    }
+}

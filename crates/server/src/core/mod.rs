@@ -1,0 +1,77 @@
+//! The shuffle core: what a server remembers about its shuffles, and every rule about how that
+//! changes, with no I/O and no clock.
+//!
+//! The core owns applications ([`Apps`]), shuffles ([`Shuffle`], whose life is one
+//! [`Lifecycle`]), their partitions (buffers, file cursors, chunk index) and open streams
+//! ([`Streams`]). State changes only through methods that say what happens: `push`,
+//! `take_flush` → [`FlushPlan`], `flushed(plan, outcome)`, `mapper_end`, `begin_commit` /
+//! `finish_commit`, `open_stream`, `delete`. Time comes in as a parameter; files are an opaque
+//! `F` the shell opens through a [`FileSource`]; what a stream sends of a chunk is an opaque
+//! `B` the shell builds from a file and byte ranges.
+//!
+//! Around it, the shell (the rest of the crate) does the I/O: the transport handler
+//! (`state.rs`), the writers that carry out flush plans (`flusher.rs`), the data directories
+//! (`storage.rs`) and the maintenance tick. Because nothing here blocks or reads a clock, the
+//! core is unit-tested without tokio or files and fuzzed with operation sequences
+//! (`fuzzing.rs`).
+//!
+//! ## Layout
+//! - [`chunk`]: runs of map attempts, chunks and their byte ranges, page padding.
+//! - [`partition`]: a partition's buffer, files and cursors, chunk index; flush plans.
+//! - [`maps`]: `MapperEnd` records and which attempts a stream reads.
+//! - [`shuffle`]: a shuffle's lifecycle and its requests: push, commit, open stream, delete.
+//! - [`apps`]: applications and their shuffles.
+//! - [`streams`]: open read streams.
+
+pub mod apps;
+pub mod chunk;
+pub mod maps;
+pub mod partition;
+pub mod shuffle;
+pub mod streams;
+
+#[cfg(test)]
+pub(crate) mod tests;
+
+use sluice_proto::{ErrorCode, Message};
+
+pub use apps::{Apps, Deleted};
+#[cfg(any(test, feature = "fuzzing"))]
+pub use chunk::padded_len;
+pub use chunk::ByteRange;
+pub use partition::{FileSource, FlushOutcome, FlushPlan};
+#[cfg(any(test, feature = "fuzzing"))]
+pub use shuffle::Lifecycle;
+pub use shuffle::{Shuffle, ShuffleKey};
+pub use streams::Streams;
+
+/// A request the core turns down: the wire code the requester gets and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason} ({code})")]
+pub struct Refusal {
+    code: ErrorCode,
+    reason: String,
+}
+
+impl Refusal {
+    /// A refusal with wire code `code`.
+    pub fn new(code: ErrorCode, reason: impl Into<String>) -> Refusal {
+        Refusal { code, reason: reason.into() }
+    }
+
+    /// The wire code.
+    pub fn code(&self) -> ErrorCode {
+        self.code
+    }
+
+    /// Why, for the requester and the log.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
+impl From<Refusal> for Message {
+    fn from(r: Refusal) -> Message {
+        Message::error(r.code, r.reason)
+    }
+}

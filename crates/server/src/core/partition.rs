@@ -1,0 +1,362 @@
+//! One partition of a shuffle: its buffer, its files with their write cursors, its chunk index.
+//!
+//! Pushed slices wait in the buffer (with the memory reservations that pay for them) until the
+//! partition hands them out as a [`FlushPlan`]: "write these slices at this offset of this
+//! file". The offset is reserved when the plan is made, so several plans of one partition can
+//! be written at once; the chunk enters the index only when the writer reports the write done.
+//! Files are `F`, whatever the shell opens them as; the partition never touches them.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use sluice_proto::ErrorCode;
+
+use super::chunk::{group_by_attempt, padded_len, padding, ByteRange, Chunk, Run};
+use super::Refusal;
+use crate::memory_budget::Reservation;
+
+/// Where flushes may go: the shell's storage, behind the core's back. The core asks it whether
+/// a partition's current file may take more, and to open a partition's next file; opening is
+/// the shell's I/O, done while the partition is locked, so no two flushes race for a file.
+pub trait FileSource<F> {
+    /// Whether `current` may take the partition's next flush (its directory is in service).
+    fn keeps(&self, current: &F) -> bool;
+
+    /// Opens file number `number` of `partition` of shuffle `key`; `Err` says why none can be.
+    fn open(&self, key: &super::ShuffleKey, partition: u32, number: u32) -> Result<F, String>;
+}
+
+/// What a finished flush reports to its partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FlushOutcome {
+    /// The plan's bytes are in its file at its offset: the chunk is readable once committed.
+    Written,
+    /// Not written and not to be: the partition's data cannot be stored anywhere (why).
+    Lost(String),
+    /// Not written because the shuffle was deleted meanwhile; nothing to record.
+    Dropped,
+}
+
+/// Bytes waiting in memory to be flushed, with the reservations that pay for them.
+#[derive(Debug, Default)]
+struct Buffer {
+    /// Pushed bytes, one slice per run of `runs`.
+    slices: Vec<Bytes>,
+    /// Which map attempt each slice's batches are of.
+    runs: Vec<Run>,
+    /// Shared by every partition a push had sections for: its memory is freed when the last of
+    /// them is flushed.
+    reservations: Vec<Arc<Reservation>>,
+    bytes: u64,
+}
+
+/// A flush the core handed out: write [`FlushPlan::slices`] at [`FlushPlan::offset`] of
+/// [`FlushPlan::file`], then give the plan back with the outcome
+/// ([`super::Shuffle::flushed`]). Holds the memory of its bytes until then.
+#[derive(Debug)]
+#[must_use = "a flush plan must be written and reported back, or the shuffle never commits"]
+pub struct FlushPlan<F> {
+    partition: u32,
+    file_number: u32,
+    file: F,
+    offset: u64,
+    data: Buffer,
+    /// Set once the slices are grouped by attempt (the order they are written in).
+    grouped: Option<Box<[Run]>>,
+}
+
+impl<F> FlushPlan<F> {
+    /// The partition the bytes are of.
+    pub fn partition(&self) -> u32 {
+        self.partition
+    }
+
+    /// The file to write to.
+    pub fn file(&self) -> &F {
+        &self.file
+    }
+
+    /// Where in the file the bytes go (a multiple of the page size).
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// How many bytes of data (the zero padding to a whole page not counted).
+    pub fn bytes(&self) -> u64 {
+        self.data.bytes
+    }
+
+    /// The bytes to write, in order, ending with the zero padding to a whole page (so a write
+    /// into a recycled file never has the kernel read a partial page). The first call sorts
+    /// them by map attempt (see [`group_by_attempt`]): do it in the writer, outside any lock.
+    pub fn slices(&mut self) -> &[Bytes] {
+        if self.grouped.is_none() {
+            let runs = std::mem::take(&mut self.data.runs);
+            self.grouped = Some(group_by_attempt(&mut self.data.slices, &runs));
+            let pad = padding(self.data.bytes);
+            if !pad.is_empty() {
+                self.data.slices.push(pad);
+            }
+        }
+        &self.data.slices
+    }
+
+    fn into_chunk(mut self) -> Chunk {
+        let _ = self.slices();
+        Chunk::new(self.file_number, self.offset, self.grouped.take().unwrap_or_default())
+    }
+}
+
+/// One of a partition's files, with its write cursor.
+#[derive(Debug)]
+struct PartitionFile<F> {
+    handle: F,
+    /// Where the next flush into it goes: every offset below it is reserved by a plan.
+    cursor: u64,
+}
+
+/// Whether a partition still takes data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Health {
+    Storing,
+    /// Some of its data could not be stored anywhere: it refuses pushes and serves nothing.
+    Lost(String),
+    /// Its shuffle was deleted: buffers, chunks and files are gone.
+    Deleted,
+}
+
+/// One partition of a shuffle on this server.
+#[derive(Debug)]
+pub struct Partition<F> {
+    buffer: Buffer,
+    /// Every file opened for the partition, by number; the last takes the next flush.
+    files: Vec<PartitionFile<F>>,
+    /// The chunk index: every written flush, in the order the writes finished.
+    chunks: Vec<Chunk>,
+    health: Health,
+}
+
+impl<F> Default for Partition<F> {
+    fn default() -> Self {
+        Partition {
+            buffer: Buffer::default(),
+            files: Vec::new(),
+            chunks: Vec::new(),
+            health: Health::Storing,
+        }
+    }
+}
+
+impl<F: Clone> Partition<F> {
+    /// Refuses data for a partition that lost some, or whose shuffle is gone.
+    pub(super) fn check_storing(&self, pid: u32) -> Result<(), Refusal> {
+        match &self.health {
+            Health::Storing => Ok(()),
+            Health::Lost(why) => Err(Refusal::new(
+                ErrorCode::StorageFailed,
+                format!("partition {pid} cannot be stored: {why}"),
+            )),
+            Health::Deleted => {
+                Err(Refusal::new(ErrorCode::UnknownShuffle, "the shuffle was unregistered"))
+            }
+        }
+    }
+
+    /// Bytes in the buffer, not yet handed to a writer.
+    pub fn buffered_bytes(&self) -> u64 {
+        self.buffer.bytes
+    }
+
+    /// The chunk index.
+    pub fn chunks(&self) -> &[Chunk] {
+        &self.chunks
+    }
+
+    /// Why the partition lost data, if it did.
+    pub fn lost(&self) -> Option<&str> {
+        match &self.health {
+            Health::Lost(why) => Some(why),
+            _ => None,
+        }
+    }
+
+    /// How many files were opened for it.
+    #[cfg(test)]
+    pub fn files_opened(&self) -> u32 {
+        self.files.len() as u32
+    }
+
+    /// The file the next flush goes to, if one is open.
+    #[cfg(test)]
+    pub fn current_file(&self) -> Option<&F> {
+        self.files.last().map(|f| &f.handle)
+    }
+
+    /// File `number` of the partition (`None`: not opened, or forgotten at deletion).
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn file(&self, number: u32) -> Option<&F> {
+        self.files.get(number as usize).map(|f| &f.handle)
+    }
+
+    /// Where the next flush goes in file `number` (`None`: no such file).
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn cursor(&self, number: u32) -> Option<u64> {
+        self.files.get(number as usize).map(|f| f.cursor)
+    }
+
+    /// Adds a section's slices (one per run) to the buffer; `reservation` pays for them.
+    pub(super) fn append(
+        &mut self,
+        slices: impl Iterator<Item = (Bytes, Run)>,
+        len: u64,
+        reservation: Option<&Arc<Reservation>>,
+    ) {
+        for (slice, run) in slices {
+            self.buffer.slices.push(slice);
+            self.buffer.runs.push(run);
+        }
+        if let Some(r) = reservation {
+            self.buffer.reservations.push(r.clone());
+        }
+        self.buffer.bytes += len;
+    }
+
+    /// Hands the buffer out as a flush plan at the cursor of the current file, or of a new one
+    /// when the current one may not take more (`files`). `Ok(None)`: nothing buffered. When no
+    /// file can be opened the partition is lost (its buffer dropped) and the refusal says why.
+    pub(super) fn take_flush(
+        &mut self,
+        key: &super::ShuffleKey,
+        pid: u32,
+        files: &impl FileSource<F>,
+    ) -> Result<Option<FlushPlan<F>>, Refusal> {
+        if self.buffer.bytes == 0 {
+            return Ok(None);
+        }
+        if self.health != Health::Storing {
+            // Lost or deleted: the bytes have nowhere to go and their memory is freed.
+            self.buffer = Buffer::default();
+            return Ok(None);
+        }
+        let (file_number, file, offset) = match self.reserve(key, pid, files, self.buffer.bytes) {
+            Ok(at) => at,
+            Err(why) => {
+                self.mark_lost(why.clone());
+                return Err(Refusal::new(
+                    ErrorCode::StorageUnavailable,
+                    format!("no data directory can take the partition: {why}"),
+                ));
+            }
+        };
+        Ok(Some(FlushPlan {
+            partition: pid,
+            file_number,
+            file,
+            offset,
+            data: std::mem::take(&mut self.buffer),
+            grouped: None,
+        }))
+    }
+
+    /// Points a plan whose write failed at a new place: the current file if it may take more,
+    /// else a newly opened one. `Err`: no file can be opened now (the caller may wait and try
+    /// again, or report the plan lost).
+    pub(super) fn retarget(
+        &mut self,
+        key: &super::ShuffleKey,
+        plan: &mut FlushPlan<F>,
+        files: &impl FileSource<F>,
+    ) -> Result<(), String> {
+        let (file_number, file, offset) = self.reserve(key, plan.partition, files, plan.bytes())?;
+        plan.file_number = file_number;
+        plan.file = file;
+        plan.offset = offset;
+        Ok(())
+    }
+
+    /// Reserves `bytes` (page-padded) at the cursor of the file that takes the next flush.
+    fn reserve(
+        &mut self,
+        key: &super::ShuffleKey,
+        pid: u32,
+        files: &impl FileSource<F>,
+        bytes: u64,
+    ) -> Result<(u32, F, u64), String> {
+        let keep = self.files.last().is_some_and(|f| files.keeps(&f.handle));
+        if !keep {
+            let handle = files.open(key, pid, self.files.len() as u32)?;
+            self.files.push(PartitionFile { handle, cursor: 0 });
+        }
+        let number = self.files.len() as u32 - 1;
+        let f = self.files.last_mut().expect("a file was just ensured");
+        let offset = f.cursor;
+        f.cursor += padded_len(bytes);
+        Ok((number, f.handle.clone(), offset))
+    }
+
+    /// Takes a plan back: records its chunk when written; the plan's memory is freed.
+    pub(super) fn flushed(&mut self, plan: FlushPlan<F>, outcome: FlushOutcome) {
+        match outcome {
+            FlushOutcome::Written if self.health != Health::Deleted => {
+                self.chunks.push(plan.into_chunk())
+            }
+            FlushOutcome::Written | FlushOutcome::Dropped => {}
+            FlushOutcome::Lost(why) => self.mark_lost(why),
+        }
+    }
+
+    /// Marks the partition lost (the first reason stays): it refuses pushes, its readers get
+    /// `DATA_LOST`, and what it buffers is dropped.
+    pub(super) fn mark_lost(&mut self, why: String) {
+        if self.health == Health::Storing {
+            self.health = Health::Lost(why);
+        }
+        self.buffer = Buffer::default();
+    }
+
+    /// Forgets everything (the shuffle is deleted); returns the current file, which the shell
+    /// may recycle.
+    pub(super) fn delete(&mut self) -> Option<F> {
+        self.health = Health::Deleted;
+        self.buffer = Buffer::default();
+        self.chunks = Vec::new();
+        let current = self.files.pop().map(|f| f.handle);
+        self.files = Vec::new();
+        current
+    }
+
+    /// Every file with where the partition's data in it ends (page padding included): the
+    /// current file's cursor, the end of the last chunk in each earlier one. A file taken from
+    /// a recycle pool can be longer; the bytes past the end are an earlier shuffle's.
+    pub(super) fn file_ends(&self, out: &mut Vec<(F, u64)>) {
+        let last = self.files.len().saturating_sub(1);
+        for (n, f) in self.files.iter().enumerate() {
+            let end = if n == last {
+                f.cursor
+            } else {
+                let ends = self.chunks.iter().filter(|c| c.file() as usize == n);
+                ends.map(Chunk::padded_end).max().unwrap_or(0)
+            };
+            out.push((f.handle.clone(), end));
+        }
+    }
+
+    /// Of each chunk holding a map in `[start, end)`, the byte ranges of the attempts `wanted`
+    /// says yes to, handed to `body` with the chunk's file; chunks with none are skipped.
+    pub(super) fn serve<B>(
+        &self,
+        (start, end): (u32, u32),
+        mut wanted: impl FnMut(u32, u32) -> bool,
+        mut body: impl FnMut(&F, &[ByteRange]) -> B,
+    ) -> Vec<B> {
+        self.chunks
+            .iter()
+            .filter(|c| c.has_map_in(start, end))
+            .filter_map(|c| {
+                let ranges = c.ranges(&mut wanted);
+                let file = &self.files.get(c.file() as usize)?.handle;
+                (!ranges.is_empty()).then(|| body(file, &ranges))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,478 @@
+//! A registered shuffle: its lifecycle, partitions and map ends, and what each request does to
+//! them.
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use sluice_proto::batch::{validate_batches, BATCH_HEADER_LEN};
+use sluice_proto::message::{CommittedMap, OpenStream, PartitionSize, Section};
+use sluice_proto::ErrorCode;
+
+use super::chunk::{ByteRange, Run};
+use super::maps::{Ended, MapEnds};
+use super::partition::{FileSource, FlushOutcome, FlushPlan, Partition};
+use super::Refusal;
+use crate::memory_budget::Reservation;
+
+/// Which shuffle: an application's id and its shuffle number.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ShuffleKey {
+    app_id: String,
+    shuffle_id: u32,
+}
+
+impl ShuffleKey {
+    /// Shuffle `shuffle_id` of application `app_id`.
+    pub fn new(app_id: &str, shuffle_id: u32) -> ShuffleKey {
+        ShuffleKey { app_id: app_id.to_owned(), shuffle_id }
+    }
+
+    /// The application's id.
+    pub fn app_id(&self) -> &str {
+        &self.app_id
+    }
+
+    /// The shuffle's number within its application.
+    pub fn shuffle_id(&self) -> u32 {
+        self.shuffle_id
+    }
+}
+
+impl std::fmt::Display for ShuffleKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "shuffle {} of {}", self.shuffle_id, self.app_id)
+    }
+}
+
+/// Where a shuffle is in its life. It only moves forward: `Open → Committing → Readable`, and
+/// from any of them to `Deleted`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Lifecycle {
+    /// Takes pushes.
+    Open = 0,
+    /// A commit started: pushes are refused, the buffers are being flushed.
+    Committing = 1,
+    /// Everything is flushed and the files are cut to their data: streams may open.
+    Readable = 2,
+    /// Unregistered or expired: serves nothing, its files are gone.
+    Deleted = 3,
+}
+
+impl Lifecycle {
+    fn from_u8(v: u8) -> Lifecycle {
+        match v {
+            0 => Lifecycle::Open,
+            1 => Lifecycle::Committing,
+            2 => Lifecycle::Readable,
+            _ => Lifecycle::Deleted,
+        }
+    }
+}
+
+/// The result of a push: the flushes it made due (to hand to writers, whatever the result), and
+/// whether it was stored.
+#[derive(Debug)]
+#[must_use = "the flush plans must go to a writer"]
+pub struct Pushed<F> {
+    /// Buffers that filled up, to be written.
+    pub flushes: Vec<FlushPlan<F>>,
+    /// How many sections, from the first, went into their partitions' buffers (all of them
+    /// when `result` is `Ok`).
+    pub stored: usize,
+    /// `Ok` when every section was stored; a refusal stops at the section it names (the
+    /// sections before it were stored).
+    pub result: Result<(), Refusal>,
+}
+
+/// One registered shuffle on this server.
+#[derive(Debug)]
+pub struct Shuffle<F> {
+    key: ShuffleKey,
+    num_maps: u32,
+    /// A buffer is flushed once it holds this many bytes; a section that would take a non-empty
+    /// buffer past it sends the buffer first, so no chunk exceeds it but a single section.
+    chunk_bytes: u64,
+    /// A [`Lifecycle`]: an atomic, because every push section reads it.
+    lifecycle: AtomicU8,
+    partitions: Box<[Mutex<Partition<F>>]>,
+    maps: Mutex<MapEnds>,
+    /// Flush plans handed out and not yet reported back, over all partitions.
+    flushes_in_flight: AtomicU64,
+}
+
+impl<F: Clone> Shuffle<F> {
+    /// A shuffle of `num_maps` maps and `num_partitions` partitions whose chunks hold up to
+    /// `chunk_bytes` each.
+    pub fn new(key: ShuffleKey, num_maps: u32, num_partitions: u32, chunk_bytes: u64) -> Self {
+        Shuffle {
+            key,
+            num_maps,
+            chunk_bytes,
+            lifecycle: AtomicU8::new(Lifecycle::Open as u8),
+            partitions: (0..num_partitions).map(|_| Mutex::new(Partition::default())).collect(),
+            maps: Mutex::new(MapEnds::default()),
+            flushes_in_flight: AtomicU64::new(0),
+        }
+    }
+
+    /// Which shuffle this is.
+    pub fn key(&self) -> &ShuffleKey {
+        &self.key
+    }
+
+    /// Its number of maps.
+    pub fn num_maps(&self) -> u32 {
+        self.num_maps
+    }
+
+    /// Its number of partitions.
+    pub fn num_partitions(&self) -> u32 {
+        self.partitions.len() as u32
+    }
+
+    /// Where it is in its life.
+    pub fn lifecycle(&self) -> Lifecycle {
+        Lifecycle::from_u8(self.lifecycle.load(Ordering::Acquire))
+    }
+
+    /// Moves the lifecycle forward to `to` (never back); returns the state it was in.
+    fn advance(&self, to: Lifecycle) -> Lifecycle {
+        Lifecycle::from_u8(self.lifecycle.fetch_max(to as u8, Ordering::AcqRel))
+    }
+
+    /// Whether it was deleted.
+    pub fn is_deleted(&self) -> bool {
+        self.lifecycle() == Lifecycle::Deleted
+    }
+
+    /// Flush plans handed out and not reported back, over all partitions.
+    pub fn flushes_in_flight(&self) -> u64 {
+        self.flushes_in_flight.load(Ordering::Acquire)
+    }
+
+    /// A look at one partition (for checks; changes go through the shuffle).
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn partition(&self, pid: u32) -> Option<parking_lot::MutexGuard<'_, Partition<F>>> {
+        self.partitions.get(pid as usize).map(|p| p.lock())
+    }
+
+    /// Refuses what the lifecycle forbids a push.
+    fn check_open(&self) -> Result<(), Refusal> {
+        match self.lifecycle() {
+            Lifecycle::Open => Ok(()),
+            Lifecycle::Deleted => Err(Refusal::new(
+                ErrorCode::UnknownShuffle,
+                format!("{} was unregistered", self.key),
+            )),
+            _ => Err(Refusal::new(
+                ErrorCode::ShuffleCommitted,
+                format!("{} is committed; pushes are refused", self.key),
+            )),
+        }
+    }
+
+    /// Whether a push may come in (checked at admission, before its body is read).
+    pub fn admits_pushes(&self) -> Result<(), Refusal> {
+        self.check_open()
+    }
+
+    /// Stores a push: `sections` of `body`, each a sequence of whole batches for one partition.
+    /// Every section is checked (partition number, batch framing and CRCs) before any is stored:
+    /// a bad batch refuses the whole push. `reservation` pays for the body's memory; it is freed
+    /// when the last partition holding a slice of it has flushed.
+    pub fn push(
+        &self,
+        sections: &[Section],
+        body: &Bytes,
+        reservation: Option<Reservation>,
+        files: &impl FileSource<F>,
+    ) -> Pushed<F> {
+        let (mut flushes, mut stored) = (Vec::new(), 0);
+        let result =
+            self.push_sections(sections, body, reservation, files, &mut flushes, &mut stored);
+        Pushed { flushes, stored, result }
+    }
+
+    fn push_sections(
+        &self,
+        sections: &[Section],
+        body: &Bytes,
+        reservation: Option<Reservation>,
+        files: &impl FileSource<F>,
+        flushes: &mut Vec<FlushPlan<F>>,
+        stored: &mut usize,
+    ) -> Result<(), Refusal> {
+        self.check_open()?;
+        let nparts = self.num_partitions();
+        // Each section's batches as runs of one map attempt (a writer is one map attempt, so one
+        // run per section but for odd clients), all sections' in one list: `runs_end[i]` is where
+        // section i's end.
+        let mut runs: Vec<Run> = Vec::with_capacity(sections.len());
+        let mut runs_end: Vec<usize> = Vec::with_capacity(sections.len());
+        for s in sections {
+            if s.partition_id >= nparts {
+                return Err(Refusal::new(
+                    ErrorCode::InvalidRequest,
+                    format!("partition {} of a {nparts}-partition shuffle", s.partition_id),
+                ));
+            }
+            let Some(bytes) = section_bytes(body, s) else {
+                return Err(Refusal::new(
+                    ErrorCode::InvalidRequest,
+                    "push section outside the body",
+                ));
+            };
+            let first = runs.len();
+            validate_batches(bytes, |h| {
+                let size = BATCH_HEADER_LEN as u32 + h.length;
+                match runs[first..].last_mut() {
+                    Some(r) if (r.map_id, r.attempt_id) == (h.map_id, h.attempt_id) => {
+                        r.len += size
+                    }
+                    _ => runs.push(Run { map_id: h.map_id, attempt_id: h.attempt_id, len: size }),
+                }
+            })
+            .map_err(|e| Refusal::new(e.code(), e.to_string()))?;
+            runs_end.push(runs.len());
+        }
+        let reservation = reservation.map(Arc::new);
+        for (i, s) in sections.iter().enumerate() {
+            let section_runs = &runs[if i == 0 { 0 } else { runs_end[i - 1] }..runs_end[i]];
+            let (pid, len) = (s.partition_id, s.length as u64);
+            let mut p = self.partitions[pid as usize].lock();
+            // Under the partition lock: a commit that started meanwhile flushes this partition
+            // only after us, or refuses us here.
+            self.check_open()?;
+            p.check_storing(pid)?;
+            if p.buffered_bytes() > 0 && p.buffered_bytes() + len > self.chunk_bytes {
+                flushes.extend(self.take_locked(pid, &mut p, files)?);
+            }
+            let mut at = s.offset as usize;
+            let slices = section_runs.iter().map(|r| {
+                let slice = body.slice(at..at + r.len as usize);
+                at += r.len as usize;
+                (slice, *r)
+            });
+            p.append(slices, len, reservation.as_ref());
+            *stored += 1;
+            if p.buffered_bytes() >= self.chunk_bytes {
+                flushes.extend(self.take_locked(pid, &mut p, files)?);
+            }
+        }
+        Ok(())
+    }
+
+    fn take_locked(
+        &self,
+        pid: u32,
+        p: &mut Partition<F>,
+        files: &impl FileSource<F>,
+    ) -> Result<Option<FlushPlan<F>>, Refusal> {
+        let plan = p.take_flush(&self.key, pid, files)?;
+        if plan.is_some() {
+            self.flushes_in_flight.fetch_add(1, Ordering::AcqRel);
+        }
+        Ok(plan)
+    }
+
+    /// Hands partition `pid`'s buffer out as a flush plan (to relieve memory pressure).
+    /// `Ok(None)`: nothing buffered.
+    pub fn take_flush(
+        &self,
+        pid: u32,
+        files: &impl FileSource<F>,
+    ) -> Result<Option<FlushPlan<F>>, Refusal> {
+        let Some(p) = self.partitions.get(pid as usize) else { return Ok(None) };
+        self.take_locked(pid, &mut p.lock(), files)
+    }
+
+    /// Bytes buffered per partition, of the partitions that buffer any.
+    pub fn buffered(&self) -> Vec<(u32, u64)> {
+        let each = self.partitions.iter().enumerate();
+        each.map(|(pid, p)| (pid as u32, p.lock().buffered_bytes())).filter(|x| x.1 > 0).collect()
+    }
+
+    /// Points a plan whose write failed at a new place (see [`Partition`]).
+    pub fn retarget(
+        &self,
+        plan: &mut FlushPlan<F>,
+        files: &impl FileSource<F>,
+    ) -> Result<(), String> {
+        self.partitions[plan.partition() as usize].lock().retarget(&self.key, plan, files)
+    }
+
+    /// Takes a plan back with its outcome; returns whether it was the shuffle's last flush in
+    /// flight (a commit may be waiting for that). The plan's memory is freed before this
+    /// returns.
+    pub fn flushed(&self, plan: FlushPlan<F>, outcome: FlushOutcome) -> bool {
+        self.partitions[plan.partition() as usize].lock().flushed(plan, outcome);
+        self.flushes_in_flight.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    /// Records a map attempt's `MapperEnd` (`counts`: partition → batches pushed there); returns
+    /// the map's winning attempt, and whether this attempt was one too many to remember.
+    pub fn mapper_end(
+        &self,
+        map_id: u32,
+        attempt_id: u32,
+        counts: &[(u32, u32)],
+    ) -> Result<(u32, bool), Refusal> {
+        if map_id >= self.num_maps {
+            return Err(Refusal::new(
+                ErrorCode::InvalidRequest,
+                format!("map {map_id} of a {}-map shuffle", self.num_maps),
+            ));
+        }
+        let committed = self.lifecycle() != Lifecycle::Open;
+        match self.maps.lock().record(map_id, attempt_id, counts, committed) {
+            (Ended::Winner(w), dropped) => Ok((w, dropped)),
+            (Ended::NotKept, _) => Err(Refusal::new(
+                ErrorCode::ShuffleCommitted,
+                format!("map {map_id} ended after the commit"),
+            )),
+        }
+    }
+
+    /// Starts (or repeats) a commit: pushes are refused from now on, and every buffer is handed
+    /// out for flushing (a partition whose buffer has nowhere to go is lost). The commit is done
+    /// once [`Self::flushes_in_flight`] is 0: then [`Self::finish_commit`].
+    pub fn begin_commit(&self, files: &impl FileSource<F>) -> Result<Vec<FlushPlan<F>>, Refusal> {
+        if self.advance(Lifecycle::Committing) == Lifecycle::Deleted {
+            return Err(Refusal::new(
+                ErrorCode::UnknownShuffle,
+                format!("{} was unregistered", self.key),
+            ));
+        }
+        let mut plans = Vec::new();
+        for (pid, p) in self.partitions.iter().enumerate() {
+            // A failure marks the partition lost; readers of it get DATA_LOST.
+            if let Ok(Some(plan)) = self.take_locked(pid as u32, &mut p.lock(), files) {
+                plans.push(plan);
+            }
+        }
+        Ok(plans)
+    }
+
+    /// Every file holding the shuffle's data, with where that data ends (see
+    /// [`Partition`]): what a commit cuts reused files to.
+    pub fn file_ends(&self) -> Vec<(F, u64)> {
+        let mut out = Vec::new();
+        for p in self.partitions.iter() {
+            p.lock().file_ends(&mut out);
+        }
+        out
+    }
+
+    /// Ends a commit whose flushes are all done: the shuffle becomes readable. Returns the
+    /// bytes of each partition holding any, or the first lost partition.
+    pub fn finish_commit(&self) -> Result<Vec<PartitionSize>, Refusal> {
+        debug_assert_eq!(self.flushes_in_flight(), 0, "a commit finishes after its flushes");
+        if self.advance(Lifecycle::Readable) == Lifecycle::Deleted {
+            return Err(Refusal::new(
+                ErrorCode::UnknownShuffle,
+                format!("{} was unregistered", self.key),
+            ));
+        }
+        let mut sizes = Vec::new();
+        for (pid, p) in self.partitions.iter().enumerate() {
+            let p = p.lock();
+            if let Some(why) = p.lost() {
+                return Err(Refusal::new(
+                    ErrorCode::StorageFailed,
+                    format!("partition {pid} lost: {why}"),
+                ));
+            }
+            let bytes: u64 = p.chunks().iter().map(|c| c.len()).sum();
+            if bytes > 0 {
+                sizes.push(PartitionSize { partition: pid as u32, bytes });
+            }
+        }
+        Ok(sizes)
+    }
+
+    /// What a stream of `o` serves: the attempts it reads (sorted by map) and, of each chunk
+    /// holding any of their batches, those batches' byte ranges, made into a body by `body`
+    /// (given the chunk's file). A map attempt the stream would read but that has no complete
+    /// copy here is `DATA_LOST`: the reader fails over, never reads a partial copy.
+    pub fn open_stream<B>(
+        &self,
+        o: &OpenStream,
+        body: impl FnMut(&F, &[ByteRange]) -> B,
+    ) -> Result<(Vec<B>, Vec<CommittedMap>), Refusal> {
+        let state = self.lifecycle();
+        if state != Lifecycle::Readable {
+            let code = match state {
+                Lifecycle::Deleted => ErrorCode::UnknownShuffle,
+                _ => ErrorCode::ShuffleNotCommitted,
+            };
+            return Err(Refusal::new(code, format!("{} is not committed yet", self.key)));
+        }
+        let pid = o.partition_id;
+        let Some(p) = self.partitions.get(pid as usize) else {
+            let why = format!("partition {pid} does not exist");
+            return Err(Refusal::new(ErrorCode::InvalidRequest, why));
+        };
+        if let Some(why) = p.lock().lost() {
+            return Err(Refusal::new(ErrorCode::DataLost, format!("partition {pid} lost: {why}")));
+        }
+        if let Some(a) = o.attempts.last().filter(|a| a.map_id >= self.num_maps) {
+            let why = format!("map {} of a {}-map shuffle", a.map_id, self.num_maps);
+            return Err(Refusal::new(ErrorCode::InvalidRequest, why));
+        }
+        let mut committed = {
+            let maps = self.maps.lock();
+            if o.attempts.is_empty() {
+                if let Some(m) = maps.first_unended(o.map_start, o.map_end.min(self.num_maps)) {
+                    // A map attempt sends MapperEnd to every server of the shuffle (also when it
+                    // has no output) except those its writer gave up on, and a shuffle is
+                    // committed once every map has ended. A map without one here is one whose
+                    // writer gave up on this server part-way and went on with the other copy:
+                    // what this server holds of it is incomplete.
+                    return Err(Refusal::new(
+                        ErrorCode::DataLost,
+                        format!(
+                            "map {m} of {} has no MapperEnd on this server: its copy of \
+                             partition {pid} is incomplete",
+                            self.key
+                        ),
+                    ));
+                }
+                maps.winners(o.map_start, o.map_end, pid)
+            } else {
+                maps.named(&o.attempts, pid).map_err(|(a, why)| {
+                    let what = format!("map {} attempt {} of {}", a.map_id, a.attempt_id, self.key);
+                    Refusal::new(ErrorCode::DataLost, format!("{what} {why} (partition {pid})"))
+                })?
+            }
+        };
+        committed.sort_unstable_by_key(|c| c.map_id);
+        let span = match (committed.first(), committed.last()) {
+            (Some(f), Some(l)) => (f.map_id, l.map_id + 1),
+            _ => (0, 0),
+        };
+        // Chunks never change once the shuffle is readable.
+        let wanted = |map: u32, attempt: u32| {
+            committed
+                .binary_search_by_key(&map, |c| c.map_id)
+                .is_ok_and(|i| committed[i].attempt_id == attempt)
+        };
+        let bodies = p.lock().serve(span, wanted, body);
+        Ok((bodies, committed))
+    }
+
+    /// Deletes the shuffle: it serves nothing from now on and every buffer is freed. Returns
+    /// the partitions' current files, which the shell may recycle.
+    pub fn delete(&self) -> Vec<F> {
+        self.advance(Lifecycle::Deleted);
+        self.partitions.iter().filter_map(|p| p.lock().delete()).collect()
+    }
+}
+
+/// The bytes of `s` in `body`, if it lies inside.
+fn section_bytes<'a>(body: &'a Bytes, s: &Section) -> Option<&'a [u8]> {
+    let start = s.offset as usize;
+    body.get(start..start.checked_add(s.length as usize)?)
+}

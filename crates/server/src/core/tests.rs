@@ -1,0 +1,234 @@
+//! Scenarios of the core alone: no runtime, no files (files are numbers).
+
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use sluice_proto::message::{MapAttempt, OpenStream, RegisterShuffle, Section};
+use sluice_proto::ErrorCode;
+
+use super::*;
+use crate::memory_budget::MemoryBudget;
+
+/// A body of one batch of `len` payload bytes of `map`'s `attempt`.
+pub(crate) fn batch_body(map: u32, attempt: u32, len: usize) -> Bytes {
+    let mut b = BytesMut::new();
+    sluice_proto::batch::put_batch(&mut b, map, attempt, 0, &vec![7u8; len]);
+    b.freeze()
+}
+
+/// Files are numbers; `fail` makes every open fail, `move_on` makes current files not kept.
+#[derive(Default)]
+struct Numbers {
+    next: Cell<u32>,
+    fail: bool,
+    move_on: bool,
+}
+
+impl FileSource<u32> for Numbers {
+    fn keeps(&self, _: &u32) -> bool {
+        !self.move_on
+    }
+    fn open(&self, _: &ShuffleKey, _: u32, _: u32) -> Result<u32, String> {
+        if self.fail {
+            return Err("no directory".into());
+        }
+        self.next.set(self.next.get() + 1);
+        Ok(self.next.get() - 1)
+    }
+}
+
+fn section(partition_id: u32, body: &Bytes) -> Section {
+    Section { partition_id, offset: 0, length: body.len() as u32 }
+}
+
+fn shuffle(chunk_bytes: u64) -> Shuffle<u32> {
+    Shuffle::new(ShuffleKey::new("app", 1), 2, 2, chunk_bytes)
+}
+
+fn stream(partition_id: u32) -> OpenStream {
+    OpenStream {
+        app_id: "app".into(),
+        shuffle_id: 1,
+        partition_id,
+        map_start: 0,
+        map_end: 2,
+        attempts: vec![],
+    }
+}
+
+#[test]
+fn a_full_buffer_becomes_a_plan_whose_chunk_is_served_after_the_commit() {
+    let files = Numbers::default();
+    let budget = MemoryBudget::new(1 << 20, 0.9, 0.95, 0.5);
+    let s = shuffle(100);
+    let body = batch_body(0, 0, 200);
+    let pushed = s.push(&[section(1, &body)], &body, budget.try_reserve(220), &files);
+    assert_eq!((pushed.result.clone(), pushed.stored, pushed.flushes.len()), (Ok(()), 1, 1));
+    let mut plan = pushed.flushes.into_iter().next().unwrap();
+    assert_eq!((plan.partition(), *plan.file(), plan.offset(), plan.bytes()), (1, 0, 0, 220));
+    assert_eq!(plan.slices().iter().map(|b| b.len()).sum::<usize>(), 4096, "padded to a page");
+    assert_eq!(s.flushes_in_flight(), 1);
+    assert_eq!(budget.used(), 220, "the plan holds the memory");
+    assert!(s.flushed(plan, FlushOutcome::Written), "the last flush in flight");
+    assert_eq!(budget.used(), 0);
+    assert_eq!(s.mapper_end(0, 0, &[(1, 1)]), Ok((0, false)));
+    assert_eq!(s.mapper_end(1, 0, &[]), Ok((0, false)));
+    assert_eq!(
+        s.open_stream(&stream(1), |_, _| ()).unwrap_err().code(),
+        ErrorCode::ShuffleNotCommitted
+    );
+    assert!(s.begin_commit(&files).unwrap().is_empty());
+    let sizes = s.finish_commit().unwrap();
+    assert_eq!((sizes.len(), sizes[0].partition, sizes[0].bytes), (1, 1, 220));
+    let (bodies, committed) = s.open_stream(&stream(1), |f, r| (*f, r.to_vec())).unwrap();
+    assert_eq!(bodies, vec![(0, vec![ByteRange { offset: 0, len: 220 }])]);
+    assert_eq!((committed[0].map_id, committed[0].batches), (0, 1));
+    // Pushes are refused once committed; a second commit changes nothing.
+    let again = s.push(&[section(1, &body)], &body, None, &files);
+    assert_eq!(again.result.unwrap_err().code(), ErrorCode::ShuffleCommitted);
+    assert!(s.begin_commit(&files).unwrap().is_empty());
+    assert_eq!(s.lifecycle(), Lifecycle::Readable);
+}
+
+#[test]
+fn plans_of_one_partition_get_their_own_offsets_and_a_failed_one_moves_to_a_new_file() {
+    let mut files = Numbers::default();
+    let s = shuffle(10);
+    let body = batch_body(0, 0, 5000); // two pages padded
+    let p1 = s.push(&[section(0, &body)], &body, None, &files).flushes.pop().unwrap();
+    let mut p2 = s.push(&[section(0, &body)], &body, None, &files).flushes.pop().unwrap();
+    assert_eq!((p1.offset(), p2.offset()), (0, 8192), "offsets reserved at hand-out");
+    files.move_on = true; // the write failed: the directory is out
+    s.retarget(&mut p2, &files).unwrap();
+    assert_eq!((*p2.file(), p2.offset()), (1, 0), "a new file, from its start");
+    s.flushed(p1, FlushOutcome::Written);
+    s.flushed(p2, FlushOutcome::Written);
+    let p = s.partition(0).unwrap();
+    let chunks: Vec<_> = p.chunks().iter().map(|c| (c.file(), c.offset())).collect();
+    assert_eq!(chunks, vec![(0, 0), (1, 0)]);
+    assert_eq!((p.files_opened(), p.cursor(0), p.cursor(1)), (2, Some(16384), Some(8192)));
+    drop(p);
+    let mut ends = s.file_ends();
+    ends.sort();
+    assert_eq!(ends, vec![(0, 8192), (1, 8192)], "the old file ends at its last chunk");
+}
+
+#[test]
+fn no_file_loses_the_partition_and_frees_its_memory() {
+    let files = Numbers { fail: true, ..Numbers::default() };
+    let budget = MemoryBudget::new(1 << 20, 0.9, 0.95, 0.5);
+    let s = shuffle(1 << 20);
+    let body = batch_body(0, 0, 100);
+    let pushed = s.push(&[section(0, &body)], &body, budget.try_reserve(120), &files);
+    assert!(pushed.result.is_ok(), "buffered: no file needed yet");
+    let err = s.take_flush(0, &files).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::StorageUnavailable);
+    assert_eq!(budget.used(), 0, "a lost partition's buffer is dropped");
+    let again = s.push(&[section(0, &body)], &body, None, &files);
+    assert_eq!(again.result.unwrap_err().code(), ErrorCode::StorageFailed);
+    s.mapper_end(0, 0, &[(0, 1)]).unwrap();
+    s.mapper_end(1, 0, &[]).unwrap();
+    assert!(s.begin_commit(&files).unwrap().is_empty());
+    assert_eq!(s.finish_commit().unwrap_err().code(), ErrorCode::StorageFailed);
+    assert_eq!(s.open_stream(&stream(0), |_, _| ()).unwrap_err().code(), ErrorCode::DataLost);
+}
+
+#[test]
+fn a_bad_batch_refuses_the_whole_push() {
+    let files = Numbers::default();
+    let s = shuffle(1 << 20);
+    let good = batch_body(0, 0, 10);
+    let mut bad = BytesMut::from(&good[..]);
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    let mut body = BytesMut::from(&good[..]);
+    body.extend_from_slice(&bad);
+    let body = body.freeze();
+    let n = good.len() as u32;
+    let sections = [
+        Section { partition_id: 0, offset: 0, length: n },
+        Section { partition_id: 1, offset: n, length: n },
+    ];
+    let pushed = s.push(&sections, &body, None, &files);
+    assert_eq!(
+        (pushed.result.unwrap_err().code(), pushed.stored),
+        (ErrorCode::ChecksumMismatch, 0)
+    );
+    assert_eq!(s.partition(0).unwrap().buffered_bytes(), 0, "nothing stored");
+    let outside = [Section { partition_id: 0, offset: n, length: 2 * n }];
+    let pushed = s.push(&outside, &body, None, &files);
+    assert_eq!(pushed.result.unwrap_err().code(), ErrorCode::InvalidRequest);
+}
+
+#[test]
+fn a_deleted_shuffle_serves_nothing_and_hands_back_its_files() {
+    let files = Numbers::default();
+    let apps: Apps<u32> = Apps::default();
+    let streams: Streams<u32, u32> = Streams::default();
+    let t0 = Instant::now();
+    let r = RegisterShuffle {
+        app_id: "app".into(),
+        shuffle_id: 1,
+        num_maps: 1,
+        num_partitions: 1,
+        ..Default::default()
+    };
+    apps.register_shuffle(&r, 10, t0).unwrap();
+    let s = apps.shuffle("app", 1).unwrap();
+    let body = batch_body(0, 0, 10);
+    let plan = s.push(&[section(0, &body)], &body, None, &files).flushes.pop().unwrap();
+    s.flushed(plan, FlushOutcome::Written);
+    s.mapper_end(0, 0, &[(0, 1)]).unwrap();
+    assert!(s.begin_commit(&files).unwrap().is_empty());
+    s.finish_commit().unwrap();
+    let (chunks, _) = s.open_stream(&OpenStream { map_end: 1, ..stream(0) }, |f, _| *f).unwrap();
+    let id = streams.open(s.clone(), chunks, t0);
+    assert_eq!(streams.fetch(id, 0, t0), Ok(0));
+    let deleted = apps.unregister_shuffle("app", 1).unwrap().unwrap();
+    assert_eq!(deleted.files, vec![0]);
+    assert_eq!(s.lifecycle(), Lifecycle::Deleted);
+    assert_eq!(streams.fetch(id, 0, t0).unwrap_err().code(), ErrorCode::UnknownStream);
+    assert_eq!(streams.expire(t0, Duration::from_secs(1)), 0, "its streams go");
+    assert!(s.partition(0).unwrap().chunks().is_empty());
+    assert_eq!(apps.shuffle("app", 1).unwrap_err().code(), ErrorCode::UnknownShuffle);
+}
+
+#[test]
+fn applications_expire_by_the_time_passed_in() {
+    let apps: Apps<u32> = Apps::default();
+    let t0 = Instant::now();
+    apps.touch("a", t0);
+    apps.touch("b", t0 + Duration::from_secs(5));
+    assert_eq!(
+        apps.expired(t0 + Duration::from_secs(8), Duration::from_secs(4)),
+        vec!["a".to_string()]
+    );
+    assert!(apps.remove("a").unwrap().is_empty());
+    assert!(apps.remove("a").is_none());
+}
+
+#[test]
+fn named_attempts_read_a_later_attempt_and_skip_the_winner() {
+    let files = Numbers::default();
+    let s = shuffle(10);
+    for attempt in [0, 1] {
+        let body = batch_body(0, attempt, 10);
+        let plan = s.push(&[section(0, &body)], &body, None, &files).flushes.pop().unwrap();
+        s.flushed(plan, FlushOutcome::Written);
+        s.mapper_end(0, attempt, &[(0, 1)]).unwrap();
+    }
+    s.mapper_end(1, 0, &[]).unwrap();
+    let _ = s.begin_commit(&files).unwrap();
+    s.finish_commit().unwrap();
+    let o = OpenStream { attempts: vec![MapAttempt { map_id: 0, attempt_id: 1 }], ..stream(0) };
+    let (bodies, committed) = s.open_stream(&o, |f, r| (*f, r.to_vec())).unwrap();
+    assert_eq!((committed.len(), committed[0].attempt_id), (1, 1));
+    assert_eq!(
+        bodies,
+        vec![(0, vec![ByteRange { offset: 4096, len: 30 }])],
+        "only attempt 1's chunk"
+    );
+    let o = OpenStream { attempts: vec![MapAttempt { map_id: 0, attempt_id: 2 }], ..stream(0) };
+    assert_eq!(s.open_stream(&o, |_, _| ()).unwrap_err().code(), ErrorCode::DataLost);
+}

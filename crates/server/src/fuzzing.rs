@@ -1,0 +1,779 @@
+//! Operation sequences applied to the shuffle core, with its invariants checked after every step
+//! (feature `fuzzing`; the `core_ops` fuzz target and this crate's tests use it).
+//!
+//! A [`Harness`] holds one application's shuffle in the core, a fake disk (files are numbers,
+//! their bytes a `Vec`), the flush plans handed out and not yet carried out, open streams, and a
+//! model of what was pushed: every batch has a unique id, and each push is remembered as
+//! acknowledged (its whole body stored) or refused (some of its sections may have been stored).
+//! After each [`Op`] it checks:
+//! - the memory budget's usage equals the reservations of the pushes whose bytes some buffer or
+//!   flush plan still holds (nothing leaks, nothing is freed early);
+//! - every chunk lies inside what was written of its file, and no two chunks overlap;
+//! - a deleted shuffle holds and serves nothing.
+//!
+//! On each stream it opens and reads: every byte read is a whole batch with a good CRC, of an
+//! attempt the stream reads; no batch is served twice; every acknowledged batch of an attempt
+//! the stream reads is served unless the partition is reported lost; nothing is served that was
+//! not pushed to the partition.
+//!
+//! Everything is deterministic: no threads, no clock (time is a counter), no files.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arbitrary::{Arbitrary, Unstructured};
+use bytes::{Bytes, BytesMut};
+use sluice_proto::batch::{put_batch, split_batches};
+use sluice_proto::message::{MapAttempt, OpenStream, RegisterShuffle, Section};
+use sluice_proto::ErrorCode;
+
+use crate::core::{
+    padded_len, Apps, ByteRange, FileSource, FlushOutcome, FlushPlan, Lifecycle, Shuffle,
+    ShuffleKey, Streams,
+};
+use crate::memory_budget::MemoryBudget;
+
+const APP: &str = "app";
+const SHUFFLE: u32 = 7;
+const MAPS: u32 = 2;
+const PARTITIONS: u32 = 3;
+/// Small, so pushes fill buffers and make flush plans often.
+const CHUNK_BYTES: u64 = 200;
+const STREAM_IDLE: Duration = Duration::from_secs(60);
+
+/// One thing that can happen to a shuffle, in the order a fuzzer picks.
+#[derive(Debug, Clone, Arbitrary)]
+pub enum Op {
+    /// Registers the shuffle (again, after an unregister: a new one under the same id).
+    Register,
+    /// A push of one or more sections, each some batches of one map attempt.
+    Push {
+        /// `(partition, map, attempt, batches, payload bytes per batch)`; a partition past the
+        /// shuffle's makes the whole push invalid.
+        sections: Vec<(u8, u8, u8, u8, u8)>,
+    },
+    /// A writer carries out the `which`-th pending flush plan.
+    FlushDone {
+        /// Index into the pending plans (modulo their number).
+        which: u8,
+    },
+    /// A pending flush plan's write fails: it is pointed elsewhere, or reported lost.
+    FlushFailed {
+        /// Index into the pending plans (modulo their number).
+        which: u8,
+        /// Report the plan lost instead of retargeting it.
+        give_up: bool,
+    },
+    /// Memory pressure: a partition's buffer is handed out.
+    Relieve {
+        /// The partition (modulo the shuffle's).
+        partition: u8,
+    },
+    /// A map attempt reports its end, with the batches it had acknowledged per partition.
+    MapperEnd {
+        /// The map (modulo a little more than the shuffle's, so some are out of range).
+        map: u8,
+        /// The attempt.
+        attempt: u8,
+    },
+    /// The driver commits: buffers go out, and the commit finishes once nothing is in flight.
+    Commit,
+    /// A reader opens a stream and reads every chunk of it.
+    OpenStream {
+        /// The partition (modulo a little more than the shuffle's).
+        partition: u8,
+        /// Start of the map range.
+        map_start: u8,
+        /// Length of the map range.
+        maps: u8,
+        /// Named attempts instead of the winners: `(map, attempt)`.
+        named: Option<Vec<(u8, u8)>>,
+    },
+    /// A reader fetches one chunk of an open stream.
+    FetchChunk {
+        /// Index into the streams opened so far.
+        stream: u8,
+        /// The chunk.
+        chunk: u8,
+    },
+    /// The application unregisters the shuffle.
+    Unregister,
+    /// The disk under the partitions' current files fails (they are not kept), or every
+    /// directory is out (no file can be opened), or all is well again.
+    Disk {
+        /// 0: healthy; 1: current files not kept; 2: nothing can be opened.
+        state: u8,
+    },
+    /// Time passes; idle streams expire.
+    Tick {
+        /// Seconds.
+        secs: u8,
+    },
+}
+
+/// A fake partition file: a number.
+type FakeFile = u32;
+
+/// The fake storage: hands out file numbers, and can be told to refuse.
+#[derive(Debug, Default)]
+struct FakeStorage {
+    next: std::cell::Cell<u32>,
+    /// 0: healthy; 1: current files are not kept; 2: nothing can be opened.
+    state: u8,
+}
+
+impl FileSource<FakeFile> for FakeStorage {
+    fn keeps(&self, _current: &FakeFile) -> bool {
+        self.state == 0
+    }
+
+    fn open(&self, _key: &ShuffleKey, _partition: u32, _n: u32) -> Result<FakeFile, String> {
+        if self.state == 2 {
+            return Err("every directory is out (fuzz)".into());
+        }
+        let n = self.next.get();
+        self.next.set(n + 1);
+        Ok(n)
+    }
+}
+
+/// What a stream sends of a chunk: byte ranges of a fake file.
+#[derive(Debug, Clone)]
+struct Served {
+    file: FakeFile,
+    ranges: Vec<ByteRange>,
+}
+
+/// A pushed batch in the model.
+#[derive(Debug, Clone, Copy)]
+struct PushedBatch {
+    partition: u32,
+    map: u32,
+    attempt: u32,
+    /// Whether its push was acknowledged (else it may or may not be stored).
+    acked: bool,
+}
+
+/// A flush plan handed out and not yet carried out: its shuffle, the plan, and the pushes whose
+/// bytes it holds.
+type Pending = (Arc<Shuffle<FakeFile>>, FlushPlan<FakeFile>, Vec<u64>);
+
+/// A stream the harness opened, with what it was told it reads.
+struct OpenedStream {
+    id: u64,
+    shuffle: Arc<Shuffle<FakeFile>>,
+    chunks: usize,
+}
+
+/// The core, a fake disk, and a model of what should be there.
+pub struct Harness {
+    budget: Arc<MemoryBudget>,
+    apps: Apps<FakeFile>,
+    streams: Streams<FakeFile, Served>,
+    storage: FakeStorage,
+    shuffle: Option<Arc<Shuffle<FakeFile>>>,
+    /// Plans handed out and not yet carried out, each with the pushes whose bytes it holds.
+    pending: Vec<Pending>,
+    /// Per partition of the current shuffle: the pushes whose bytes its buffer holds.
+    buffered: Vec<Vec<(u64, u64)>>,
+    /// Reservation size of every push by id.
+    push_bytes: HashMap<u64, u64>,
+    /// The fake disk: file → bytes, and the page-padded regions written, by start.
+    disk: HashMap<FakeFile, Vec<u8>>,
+    written: HashMap<FakeFile, BTreeMap<u64, u64>>,
+    /// Every batch of the current shuffle, by batch id.
+    batches: HashMap<u32, PushedBatch>,
+    /// Map attempts that sent MapperEnd (no more pushes of them).
+    ended: BTreeSet<(u32, u32)>,
+    opened: Vec<OpenedStream>,
+    next_push: u64,
+    next_batch: u32,
+    now: Instant,
+    /// Operations applied (for messages).
+    step: usize,
+}
+
+impl Default for Harness {
+    fn default() -> Self {
+        Harness::new()
+    }
+}
+
+impl Harness {
+    /// An empty server: nothing registered, a budget that never pauses.
+    pub fn new() -> Harness {
+        Harness {
+            budget: MemoryBudget::new(1 << 40, 0.9, 0.95, 0.5),
+            apps: Apps::default(),
+            streams: Streams::default(),
+            storage: FakeStorage::default(),
+            shuffle: None,
+            pending: Vec::new(),
+            buffered: Vec::new(),
+            push_bytes: HashMap::new(),
+            disk: HashMap::new(),
+            written: HashMap::new(),
+            batches: HashMap::new(),
+            ended: BTreeSet::new(),
+            opened: Vec::new(),
+            next_push: 0,
+            next_batch: 0,
+            now: Instant::now(),
+            step: 0,
+        }
+    }
+
+    /// Applies `op`, then checks every invariant; panics (naming the step) when one fails.
+    pub fn apply(&mut self, op: &Op) {
+        self.step += 1;
+        match op {
+            Op::Register => self.register(),
+            Op::Push { sections } => self.push(sections),
+            Op::FlushDone { which } => self.flush_done(*which as usize),
+            Op::FlushFailed { which, give_up } => self.flush_failed(*which as usize, *give_up),
+            Op::Relieve { partition } => self.relieve(*partition as u32 % PARTITIONS),
+            Op::MapperEnd { map, attempt } => {
+                self.mapper_end(*map as u32 % (MAPS + 1), *attempt as u32 % 3)
+            }
+            Op::Commit => self.commit(),
+            Op::OpenStream { partition, map_start, maps, named } => {
+                let named = named.as_ref().map(|n| {
+                    let mut v: Vec<MapAttempt> = n
+                        .iter()
+                        .map(|&(m, a)| MapAttempt {
+                            map_id: m as u32 % MAPS,
+                            attempt_id: a as u32 % 3,
+                        })
+                        .collect();
+                    v.sort_by_key(|a| a.map_id);
+                    v.dedup_by_key(|a| a.map_id);
+                    v
+                });
+                let start = *map_start as u32 % (MAPS + 1);
+                let end = start + *maps as u32 % (MAPS + 2);
+                self.open_stream(*partition as u32 % (PARTITIONS + 1), start, end, named);
+            }
+            Op::FetchChunk { stream, chunk } => self.fetch_chunk(*stream as usize, *chunk as u32),
+            Op::Unregister => self.unregister(),
+            Op::Disk { state } => self.storage.state = state % 3,
+            Op::Tick { secs } => {
+                self.now += Duration::from_secs(*secs as u64);
+                self.streams.expire(self.now, STREAM_IDLE);
+            }
+        }
+        self.check();
+    }
+
+    /// The end of a run: carries out every pending plan, ends every map that has not ended,
+    /// commits, reads every partition back (each acknowledged batch of a winner must come back
+    /// once, unless its partition is lost), unregisters, and checks that all memory came back.
+    pub fn finish(&mut self) {
+        self.storage.state = 0;
+        while !self.pending.is_empty() {
+            self.flush_done(0);
+            self.check();
+        }
+        if let Some(s) = self.shuffle.clone() {
+            if s.lifecycle() == Lifecycle::Open {
+                for map in 0..MAPS {
+                    if !self.ended.iter().any(|e| e.0 == map) {
+                        self.mapper_end(map, 0);
+                    }
+                }
+                self.commit();
+                while !self.pending.is_empty() {
+                    self.flush_done(0);
+                }
+                self.commit();
+            }
+            for p in 0..PARTITIONS + 1 {
+                self.open_stream(p, 0, MAPS, None);
+            }
+            self.unregister();
+        }
+        self.check();
+        assert_eq!(self.budget.used(), 0, "memory left reserved after everything was flushed");
+    }
+
+    fn register(&mut self) {
+        if self.shuffle.is_some() {
+            return;
+        }
+        let r = RegisterShuffle {
+            app_id: APP.into(),
+            shuffle_id: SHUFFLE,
+            num_maps: MAPS,
+            num_partitions: PARTITIONS,
+            ..Default::default()
+        };
+        self.apps.register_shuffle(&r, CHUNK_BYTES, self.now).expect("registers");
+        self.shuffle = Some(self.apps.shuffle(APP, SHUFFLE).expect("registered"));
+        self.buffered = vec![Vec::new(); PARTITIONS as usize];
+        self.batches.clear();
+        self.ended.clear();
+    }
+
+    fn push(&mut self, spec: &[(u8, u8, u8, u8, u8)]) {
+        let Some(shuffle) = self.shuffle.clone() else { return };
+        if spec.is_empty() {
+            return;
+        }
+        let mut body = BytesMut::new();
+        let mut sections = Vec::new();
+        let mut section_batches: Vec<Vec<u32>> = Vec::new();
+        for &(p, m, a, n, len) in spec.iter().take(8) {
+            let (partition, map, attempt) =
+                (p as u32 % (PARTITIONS + 1), m as u32 % MAPS, a as u32 % 3);
+            if self.ended.contains(&(map, attempt)) {
+                continue; // a map attempt pushes nothing after its MapperEnd
+            }
+            let offset = body.len() as u32;
+            let mut ids = Vec::new();
+            for _ in 0..(n % 4).max(1) {
+                let id = self.next_batch;
+                self.next_batch += 1;
+                let payload: Vec<u8> =
+                    (0..len as u32 % 97).map(|i| (id.wrapping_mul(31) ^ i) as u8).collect();
+                put_batch(&mut body, map, attempt, id, &payload);
+                ids.push(id);
+                self.batches.insert(id, PushedBatch { partition, map, attempt, acked: false });
+            }
+            sections.push(Section {
+                partition_id: partition,
+                offset,
+                length: body.len() as u32 - offset,
+            });
+            section_batches.push(ids);
+        }
+        if sections.is_empty() {
+            return;
+        }
+        let body = body.freeze();
+        let size = body.len() as u64;
+        let reservation = self.budget.try_reserve(size).expect("the budget never pauses here");
+        let id = self.next_push;
+        self.next_push += 1;
+        self.push_bytes.insert(id, size);
+        let lost_before: Vec<bool> =
+            (0..PARTITIONS).map(|p| shuffle.partition(p).unwrap().lost().is_some()).collect();
+        let pushed = shuffle.push(&sections, &body, Some(reservation), &self.storage);
+        // Mirror where the sections went: a plan for a partition takes its whole buffer, before
+        // a section is added (when it would overflow the chunk) or after (when full).
+        let mut plans = pushed.flushes.into_iter().peekable();
+        for s in sections.iter().take(pushed.stored) {
+            let p = s.partition_id as usize;
+            let held: u64 = self.buffered[p].iter().map(|x| x.1).sum();
+            if let Some(plan) = plans
+                .next_if(|pl| pl.partition() == s.partition_id && pl.bytes() == held && held > 0)
+            {
+                let pushes = self.buffered[p].drain(..).map(|x| x.0).collect();
+                self.pending.push((shuffle.clone(), plan, pushes));
+            }
+            self.buffered[p].push((id, s.length as u64));
+            let held = held_bytes(&self.buffered[p]);
+            if let Some(plan) =
+                plans.next_if(|pl| pl.partition() == s.partition_id && pl.bytes() == held)
+            {
+                let pushes = self.buffered[p].drain(..).map(|x| x.0).collect();
+                self.pending.push((shuffle.clone(), plan, pushes));
+            }
+        }
+        assert!(plans.next().is_none(), "step {}: a flush plan the model cannot place", self.step);
+        for p in 0..PARTITIONS {
+            let lost = shuffle.partition(p).unwrap().lost().is_some();
+            if lost && !lost_before[p as usize] {
+                self.buffered[p as usize].clear(); // a lost partition drops its buffer
+            }
+        }
+        match pushed.result {
+            Ok(()) => {
+                assert_eq!(pushed.stored, sections.len());
+                for ids in &section_batches {
+                    for b in ids {
+                        self.batches.get_mut(b).expect("pushed").acked = true;
+                    }
+                }
+            }
+            Err(r) => assert!(
+                matches!(
+                    r.code(),
+                    ErrorCode::InvalidRequest
+                        | ErrorCode::ShuffleCommitted
+                        | ErrorCode::UnknownShuffle
+                        | ErrorCode::StorageFailed
+                        | ErrorCode::StorageUnavailable
+                ),
+                "step {}: unexpected refusal {r}",
+                self.step
+            ),
+        }
+    }
+
+    fn take_pending(&mut self, which: usize) -> Option<Pending> {
+        if self.pending.is_empty() {
+            return None;
+        }
+        let i = which % self.pending.len();
+        Some(self.pending.swap_remove(i))
+    }
+
+    fn flush_done(&mut self, which: usize) {
+        let Some((shuffle, mut plan, _pushes)) = self.take_pending(which) else { return };
+        if shuffle.is_deleted() {
+            shuffle.flushed(plan, FlushOutcome::Dropped);
+            return;
+        }
+        let (file, offset) = (*plan.file(), plan.offset());
+        let bytes: Vec<u8> = plan.slices().iter().flat_map(|s| s.iter().copied()).collect();
+        assert_eq!(
+            bytes.len() as u64,
+            padded_len(plan.bytes()),
+            "step {}: a plan's slices are its padded bytes",
+            self.step
+        );
+        let regions = self.written.entry(file).or_default();
+        let end = offset + bytes.len() as u64;
+        // No write overlaps another: the cursor reserved each plan its own place.
+        if let Some((&start, &len)) = regions.range(..end).next_back() {
+            assert!(
+                start + len <= offset,
+                "step {}: a write at {offset} overlaps one at {start}",
+                self.step
+            );
+        }
+        regions.insert(offset, bytes.len() as u64);
+        let data = self.disk.entry(file).or_default();
+        if data.len() < end as usize {
+            data.resize(end as usize, 0);
+        }
+        data[offset as usize..end as usize].copy_from_slice(&bytes);
+        shuffle.flushed(plan, FlushOutcome::Written);
+    }
+
+    fn flush_failed(&mut self, which: usize, give_up: bool) {
+        let Some((shuffle, mut plan, pushes)) = self.take_pending(which) else { return };
+        if !give_up && shuffle.retarget(&mut plan, &self.storage).is_ok() {
+            self.pending.push((shuffle, plan, pushes));
+            return;
+        }
+        shuffle.flushed(plan, FlushOutcome::Lost("write failed (fuzz)".into()));
+        self.drop_lost_buffers();
+    }
+
+    /// A partition that became lost dropped its buffer.
+    fn drop_lost_buffers(&mut self) {
+        let Some(s) = &self.shuffle else { return };
+        for p in 0..PARTITIONS {
+            if s.partition(p).unwrap().lost().is_some() {
+                self.buffered[p as usize].clear();
+            }
+        }
+    }
+
+    fn relieve(&mut self, pid: u32) {
+        let Some(shuffle) = self.shuffle.clone() else { return };
+        match shuffle.take_flush(pid, &self.storage) {
+            Ok(Some(plan)) => {
+                assert_eq!(plan.bytes(), held_bytes(&self.buffered[pid as usize]));
+                let pushes = self.buffered[pid as usize].drain(..).map(|x| x.0).collect();
+                self.pending.push((shuffle, plan, pushes));
+            }
+            Ok(None) => {}
+            Err(_) => self.drop_lost_buffers(),
+        }
+    }
+
+    fn mapper_end(&mut self, map: u32, attempt: u32) {
+        let Some(shuffle) = self.shuffle.clone() else { return };
+        let mut counts: BTreeMap<u32, u32> = BTreeMap::new();
+        for b in self.batches.values().filter(|b| b.acked && (b.map, b.attempt) == (map, attempt)) {
+            *counts.entry(b.partition).or_default() += 1;
+        }
+        let counts: Vec<(u32, u32)> = counts.into_iter().collect();
+        match shuffle.mapper_end(map, attempt, &counts) {
+            Ok(_) => {
+                self.ended.insert((map, attempt));
+            }
+            Err(r) => assert!(
+                map >= MAPS || shuffle.lifecycle() != Lifecycle::Open,
+                "step {}: MapperEnd refused on an open shuffle: {r}",
+                self.step
+            ),
+        }
+    }
+
+    fn commit(&mut self) {
+        let Some(shuffle) = self.shuffle.clone() else { return };
+        match shuffle.begin_commit(&self.storage) {
+            Ok(plans) => {
+                for plan in plans {
+                    let p = plan.partition() as usize;
+                    assert_eq!(plan.bytes(), held_bytes(&self.buffered[p]));
+                    let pushes = self.buffered[p].drain(..).map(|x| x.0).collect();
+                    self.pending.push((shuffle.clone(), plan, pushes));
+                }
+                self.drop_lost_buffers();
+            }
+            Err(r) => panic!("step {}: commit of a registered shuffle refused: {r}", self.step),
+        }
+        if shuffle.flushes_in_flight() == 0 {
+            let lost = (0..PARTITIONS).any(|p| shuffle.partition(p).unwrap().lost().is_some());
+            match shuffle.finish_commit() {
+                Ok(sizes) => {
+                    assert!(!lost, "step {}: a commit with a lost partition succeeded", self.step);
+                    for s in sizes {
+                        let p = shuffle.partition(s.partition).unwrap();
+                        let sum: u64 = p.chunks().iter().map(|c| c.len()).sum();
+                        assert_eq!(sum, s.bytes, "step {}: reported size", self.step);
+                    }
+                    assert_eq!(shuffle.lifecycle(), Lifecycle::Readable);
+                }
+                Err(r) => {
+                    assert!(lost && r.code() == ErrorCode::StorageFailed, "step {}: {r}", self.step)
+                }
+            }
+        }
+    }
+
+    fn open_stream(
+        &mut self,
+        partition: u32,
+        start: u32,
+        end: u32,
+        named: Option<Vec<MapAttempt>>,
+    ) {
+        let Some(shuffle) = self.shuffle.clone() else { return };
+        let o = OpenStream {
+            app_id: APP.into(),
+            shuffle_id: SHUFFLE,
+            partition_id: partition,
+            map_start: start,
+            map_end: end,
+            attempts: named.clone().unwrap_or_default(),
+        };
+        let body = |f: &FakeFile, r: &[ByteRange]| Served { file: *f, ranges: r.to_vec() };
+        let (chunks, committed) = match shuffle.open_stream(&o, body) {
+            Ok(x) => x,
+            Err(r) => {
+                let readable = shuffle.lifecycle() == Lifecycle::Readable;
+                let ok = !readable
+                    || partition >= PARTITIONS
+                    || matches!(r.code(), ErrorCode::DataLost | ErrorCode::InvalidRequest);
+                assert!(ok, "step {}: stream refused on a readable shuffle: {r}", self.step);
+                return;
+            }
+        };
+        assert_eq!(
+            shuffle.lifecycle(),
+            Lifecycle::Readable,
+            "step {}: a stream before the commit",
+            self.step
+        );
+        let reads: BTreeMap<u32, (u32, u32)> =
+            committed.iter().map(|c| (c.map_id, (c.attempt_id, c.batches))).collect();
+        let mut seen: BTreeSet<u32> = BTreeSet::new();
+        for c in &chunks {
+            for b in self.read(c) {
+                let (h, id) = (b.0, b.0.batch_id);
+                let want = self.batches.get(&id).copied();
+                let pushed = want
+                    .unwrap_or_else(|| panic!("step {}: batch {id} was never pushed", self.step));
+                assert_eq!(
+                    (pushed.partition, pushed.map, pushed.attempt),
+                    (partition, h.map_id, h.attempt_id),
+                    "step {}: batch {id} served from the wrong partition or attempt",
+                    self.step
+                );
+                assert_eq!(
+                    reads.get(&h.map_id).map(|r| r.0),
+                    Some(h.attempt_id),
+                    "step {}: batch {id} of an attempt the stream does not read",
+                    self.step
+                );
+                assert!(seen.insert(id), "step {}: batch {id} served twice", self.step);
+            }
+        }
+        let lost = shuffle.partition(partition).unwrap().lost().is_some();
+        assert!(!lost, "step {}: a lost partition opened a stream", self.step);
+        for (&map, &(attempt, batches)) in &reads {
+            let acked: Vec<u32> = self
+                .batches
+                .iter()
+                .filter(|(_, b)| {
+                    b.acked && (b.partition, b.map, b.attempt) == (partition, map, attempt)
+                })
+                .map(|(id, _)| *id)
+                .collect();
+            for id in &acked {
+                assert!(
+                    seen.contains(id),
+                    "step {}: acknowledged batch {id} of map {map} attempt {attempt} not served",
+                    self.step
+                );
+            }
+            assert_eq!(batches as usize, acked.len(), "step {}: MapperEnd counts", self.step);
+        }
+        let id = self.streams.open(shuffle.clone(), chunks.clone(), self.now);
+        self.opened.push(OpenedStream { id, shuffle, chunks: chunks.len() });
+    }
+
+    /// The batches of a served chunk, read off the fake disk; each must parse with a good CRC.
+    fn read(&self, c: &Served) -> Vec<(sluice_proto::batch::BatchHeader, Bytes)> {
+        let data = self.disk.get(&c.file).map(Vec::as_slice).unwrap_or(&[]);
+        let mut out = Vec::new();
+        for r in &c.ranges {
+            let end = (r.offset + r.len) as usize;
+            assert!(
+                end <= data.len(),
+                "step {}: served range past the file's written end",
+                self.step
+            );
+            let bytes = Bytes::copy_from_slice(&data[r.offset as usize..end]);
+            let batches = split_batches(&bytes).unwrap_or_else(|e| {
+                panic!("step {}: served bytes are not whole good batches: {e}", self.step)
+            });
+            for (h, payload) in batches {
+                assert_eq!(
+                    sluice_proto::batch::crc32c(&payload),
+                    h.crc32c,
+                    "step {}: CRC",
+                    self.step
+                );
+                out.push((h, payload));
+            }
+        }
+        out
+    }
+
+    fn fetch_chunk(&mut self, stream: usize, chunk: u32) {
+        if self.opened.is_empty() {
+            return;
+        }
+        let s = &self.opened[stream % self.opened.len()];
+        match self.streams.fetch(s.id, chunk, self.now) {
+            Ok(served) => {
+                assert!(
+                    !s.shuffle.is_deleted(),
+                    "step {}: a deleted shuffle served a chunk",
+                    self.step
+                );
+                assert!((chunk as usize) < s.chunks);
+                let _ = self.read(&served);
+            }
+            Err(r) => assert!(
+                s.shuffle.is_deleted()
+                    || chunk as usize >= s.chunks
+                    || r.code() == ErrorCode::UnknownStream,
+                "step {}: fetch refused: {r}",
+                self.step
+            ),
+        }
+    }
+
+    fn unregister(&mut self) {
+        if self.shuffle.take().is_none() {
+            return;
+        }
+        let deleted = self.apps.unregister_shuffle(APP, SHUFFLE).expect("the app is known");
+        assert!(deleted.is_some(), "step {}: the shuffle was registered", self.step);
+        self.buffered.iter_mut().for_each(Vec::clear);
+    }
+
+    /// The invariants that hold after every step.
+    fn check(&self) {
+        let step = self.step;
+        // Memory: exactly the reservations of pushes whose bytes something still holds.
+        let mut held: BTreeSet<u64> = BTreeSet::new();
+        held.extend(self.buffered.iter().flatten().map(|x| x.0));
+        held.extend(self.pending.iter().flat_map(|p| p.2.iter().copied()));
+        let want: u64 = held.iter().map(|id| self.push_bytes[id]).sum();
+        assert_eq!(
+            self.budget.used(),
+            want,
+            "step {step}: memory accounted vs held by buffers and plans"
+        );
+        let in_flight = self
+            .pending
+            .iter()
+            .filter(|p| self.shuffle.as_ref().is_some_and(|s| Arc::ptr_eq(s, &p.0)))
+            .count();
+        if let Some(s) = &self.shuffle {
+            assert_eq!(s.flushes_in_flight(), in_flight as u64, "step {step}: flushes in flight");
+            for pid in 0..PARTITIONS {
+                let p = s.partition(pid).unwrap();
+                assert_eq!(
+                    p.buffered_bytes(),
+                    held_bytes(&self.buffered[pid as usize]),
+                    "step {step}: partition {pid} buffer"
+                );
+                // The chunk index points only at written regions, and no two chunks overlap.
+                let mut regions: BTreeMap<(FakeFile, u64), u64> = BTreeMap::new();
+                for c in p.chunks() {
+                    let file = *p.file(c.file()).expect("a chunk's file is known");
+                    let written = self.written.get(&file).and_then(|w| w.get(&c.offset()));
+                    assert_eq!(
+                        written.copied(),
+                        Some(padded_len(c.len())),
+                        "step {step}: chunk not written as indexed"
+                    );
+                    assert!(
+                        c.padded_end() <= p.cursor(c.file()).unwrap(),
+                        "step {step}: chunk past its file's cursor"
+                    );
+                    assert!(
+                        regions.insert((file, c.offset()), c.len()).is_none(),
+                        "step {step}: two chunks at one place"
+                    );
+                }
+            }
+        }
+        for o in &self.opened {
+            if o.shuffle.is_deleted() {
+                for pid in 0..PARTITIONS {
+                    let p = o.shuffle.partition(pid).unwrap();
+                    assert!(
+                        p.chunks().is_empty() && p.buffered_bytes() == 0,
+                        "step {step}: a deleted shuffle holds data"
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn held_bytes(v: &[(u64, u64)]) -> u64 {
+    v.iter().map(|x| x.1).sum()
+}
+
+/// Applies the operations `data` decodes to, checking after each, then drains everything (the
+/// fuzz target's body). Decoding stops at the first byte sequence that makes no operation.
+pub fn run(data: &[u8]) {
+    let mut u = Unstructured::new(data);
+    let mut h = Harness::new();
+    h.apply(&Op::Register);
+    while let Ok(op) = Op::arbitrary(&mut u) {
+        h.apply(&op);
+        if u.is_empty() {
+            break;
+        }
+    }
+    h.finish();
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{Rng, SeedableRng};
+
+    /// A few thousand random operation sequences on every `cargo test` (the fuzz target runs
+    /// the same harness for as long as it is given).
+    #[test]
+    fn random_operation_sequences_keep_the_invariants() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
+        for _ in 0..3000 {
+            let len = rng.random_range(16..2048);
+            let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+            super::run(&data);
+        }
+    }
+}
