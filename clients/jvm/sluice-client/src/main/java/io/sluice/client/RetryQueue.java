@@ -16,7 +16,10 @@ import java.util.function.Predicate;
 final class RetryQueue {
   private final ArrayDeque<PendingPush> pushes = new ArrayDeque<>();
 
-  /** Queues {@code push} until {@code notBeforeNanos} ({@link System#nanoTime()}). */
+  /**
+   * Queues {@code push} until {@code notBeforeNanos} ({@link System#nanoTime()}); the queue holds
+   * it, body and all, until it is taken out.
+   */
   void add(PendingPush push, long notBeforeNanos) {
     push.notBeforeNanos = notBeforeNanos;
     pushes.add(push);
