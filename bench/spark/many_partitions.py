@@ -1,5 +1,5 @@
 """Job times with many shuffle partitions or many map tasks, the built-in shuffle, then Sluice,
-in one driver, on the test clusters of tests/spark (docs/benchmarks.md):
+in one driver, on the test clusters of tests/spark (docs/benchmarks.md#spark):
 
 - test_many_partitions: 2000 shuffle partitions, 97 of them non-empty;
 - test_many_maps: 1000 map tasks into 200 partitions, every map writing to every partition, so

@@ -9,7 +9,7 @@
 #   bench/transport/two-hosts.sh [--veth-mtu N] [bench transport options…]
 #
 # Default MTU 1500, as on an Ethernet NIC; --veth-mtu 65535 gives loopback's packet size (which
-# changes which path is cheaper: docs/benchmarks.md).
+# changes which path is cheaper: docs/benchmarks-log.md#two-hosts).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 

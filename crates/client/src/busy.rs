@@ -5,8 +5,8 @@
 //! busy server were resent on its own after the back-off, each refusal would cost a body's worth
 //! of client CPU, bandwidth and server CPU — and the server, already behind on its flushing,
 //! would spend its CPU reading bodies it drops. Measured on `sluice local`
-//! (`docs/benchmarks.md`): once such a storm starts it feeds itself, with thousands of refusals
-//! and push throughput a third of a calm run's.
+//! (`docs/benchmarks-log.md#holding-pushes`): once such a storm starts it feeds itself, with
+//! thousands of refusals and push throughput a third of a calm run's.
 //!
 //! So a client keeps one [`BusyGate`] per server, shared by all its writers, that works like a
 //! congestion window. While the server is calm, pushes pass with one uncontended lock. A `Busy`

@@ -38,17 +38,16 @@ pub struct ServerConfig {
     /// Flusher threads per data directory.
     pub flushers_per_dir: usize,
     /// Bytes of a flush each `pwritev` carries at most (each ends at a multiple of this in the
-    /// file). Linux sizes the page-cache folios a write creates by its length, and on a VM that
-    /// hands free memory back to its host (free page reporting) the large folios of 4 MiB writes
-    /// come from memory the host must fault in again. The first `sluice local` after an idle
-    /// spell pushed over 0.9 GB/s in 5 of 13 runs with 256 KiB writes, in none of 13 with
-    /// whole-chunk writes (0.66–0.78); warm runs alike (docs/benchmarks.md).
+    /// file). 256 KiB by default because Linux sizes the page-cache folios a write creates by its
+    /// length, and on a VM that hands free memory back to its host (free page reporting) the
+    /// large folios of 4 MiB writes come from memory the host must fault in again.
+    /// Measured: docs/benchmarks.md#flush-write-bytes.
     pub flush_write_bytes: usize,
     /// Nice value added to the flusher threads (0–19; 0: the server's own priority). Above 0,
     /// flushing yields the CPU to the network threads and to co-located processes; when it
-    /// falls behind, pushers get `Busy`. Measured: 10 helped a Spark job sharing two cores with
-    /// the servers, but starved the flushers of `sluice local` (push 1.2 → 0.3–0.5 GB/s,
-    /// thousands of `Busy` replies), so the default is 0.
+    /// falls behind, pushers get `Busy`. 0 by default because flushers niced on CPUs they share
+    /// with pushers fall behind, and that costs `Busy` replies and push throughput.
+    /// Measured: docs/benchmarks.md#flusher-nice.
     pub flusher_nice: i32,
     /// Free bytes left on each data directory's file system, in bytes: below it the directory
     /// takes no new data (its recycle pool is given back first) until space is freed.

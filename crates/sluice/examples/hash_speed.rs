@@ -1,4 +1,4 @@
-//! Checksum and hash speeds behind docs/benchmarks.md ("Batch CRC32C with crc-fast"):
+//! Checksum and hash speeds behind docs/benchmarks-log.md#crc-fast ("Batch CRC32C with crc-fast"):
 //! `cargo run --release -p sluice --example hash_speed`. Loops over an 8 MiB buffer (in cache).
 use std::time::Instant;
 

@@ -36,8 +36,8 @@ const PURGE_DELAY_MS: std::ffi::c_long = 10_000;
 /// pages behind. With flushers slowed down (`flusher_nice=10`, pushes answered `Busy` thousands of
 /// times) a server's peak RSS reached 333–372 MiB with a 256 MiB budget in `sluice local`; with
 /// 4 KiB pages it was 245–254 MiB, and at the default settings the push rate did not change
-/// (docs/benchmarks.md). Other commands keep huge pages: there, 4 KiB pages only cost faults
-/// (`sluice local`'s own process: 228 k minor faults per run instead of 1.6 k).
+/// (docs/benchmarks-log.md#server-memory). Other commands keep huge pages: there, 4 KiB pages
+/// only cost faults (`sluice local`'s own process: 228 k minor faults per run instead of 1.6 k).
 fn configure_allocator(server: bool) {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: sets a plain integer option; mimalloc reads it when it next purges.

@@ -66,7 +66,8 @@ fn below(x: u64, n: u64) -> u64 {
 /// Bytes of the shared random pool: larger than the largest record (`sluice local` takes up to
 /// 64 KiB), small enough to stay in the CPU's cache. A 1 MiB pool made the generator's reads miss
 /// the cache: `sluice local --bytes 2G` spent 0.91–0.94 client CPU s/GB against 0.66–0.76 with
-/// this size (docs/benchmarks.md), CPU that a map task's own output, freshly made, does not cost.
+/// this size (docs/benchmarks-log.md#generator-pool), CPU that a map task's own output, freshly
+/// made, does not cost.
 const POOL_BYTES: usize = 128 << 10;
 
 /// Random bytes shared by all generators (records take slices of it).

@@ -56,7 +56,7 @@ pub struct Args {
     /// Chunk requests in flight at once on each connection. A real reader prefetches (the
     /// client's default is 4); here 2 moved the most bytes: with 1 each connection idles for a
     /// round trip per chunk, and deeper queues fill the client's receive queue with page-cache
-    /// fragments that the kernel collapses (docs/benchmarks.md).
+    /// fragments that the kernel collapses (docs/benchmarks-log.md#transport-quiet).
     #[arg(long, default_value_t = 2)]
     pub pipeline: usize,
     /// Measurements of each mode (alternating); the best of each is reported.

@@ -77,7 +77,8 @@ public final class SluiceConf {
         FrameHeader.DEFAULT_MAX_FRAME_BYTES, FrameHeader.MIN_MAX_FRAME_BYTES,
         FrameHeader.MAX_MAX_FRAME_BYTES);
     // 1 MiB: a map task's pushes are few enough that the JIT never finds the send path hot
-    // (docs/benchmarks.md, "JVM client push"), and the frame still fits the server's pooled bodies.
+    // (docs/benchmarks.md#jvm-push-batch-bytes), and the frame still fits the server's
+    // pooled bodies.
     this.pushBatchBytes = (int) bytesIn("sluice.client.pushBatchBytes",
         Math.min(1 << 20, maxFrameBytes / 2), 1, maxFrameBytes / 2);
     this.maxInFlightBytes = bytesIn("sluice.client.maxInFlightBytes", 64L << 20, 1,
