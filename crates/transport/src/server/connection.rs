@@ -79,8 +79,8 @@ pub(super) async fn run<H: Handler>(
     };
     let (conn, max_frame, reply) = match handshake {
         Ok(x) => x,
-        Err(None) => return,
-        Err(Some((request_id, code, text))) => {
+        Err(HandshakeEnd::PeerLeft) => return,
+        Err(HandshakeEnd::Refused { request_id, code, text }) => {
             tracing::info!(%code, %text, "handshake refused");
             TransportStats::add(&stats.handshakes_failed, 1);
             let frame = encode_frame(request_id, &Message::error(code, text), &[]);
@@ -153,58 +153,69 @@ async fn finish_writer(
     }
 }
 
-type Refusal = Option<(u32, ErrorCode, String)>;
+/// Why a handshake did not complete.
+enum HandshakeEnd {
+    /// The peer left (or stayed silent past the idle timeout) without a word: nothing to answer.
+    PeerLeft,
+    /// Refused: answer request `request_id` with this error, then close.
+    Refused { request_id: u32, code: ErrorCode, text: String },
+}
 
-/// Reads and checks the client's handshake. `Err(None)`: the peer left without a word;
-/// `Err(Some(..))`: refuse with this error.
+impl HandshakeEnd {
+    fn refused(request_id: u32, code: ErrorCode, text: impl Into<String>) -> Self {
+        HandshakeEnd::Refused { request_id, code, text: text.into() }
+    }
+}
+
+/// Reads and checks the client's handshake.
 async fn handshake(
     reader: &mut FrameReader,
     cfg: &ServerConfig,
     idle: Option<Duration>,
     id: u64,
     peer: SocketAddr,
-) -> Result<(Arc<ConnInfo>, u32, bytes::BytesMut), Refusal> {
+) -> Result<(Arc<ConnInfo>, u32, bytes::BytesMut), HandshakeEnd> {
     let read = reader.read_head();
     let head = match idle {
         Some(t) => match tokio::time::timeout(t, read).await {
             Ok(r) => r,
-            Err(_) => return Err(None),
+            Err(_) => return Err(HandshakeEnd::PeerLeft),
         },
         None => read.await,
     };
     let (h, hs) = match head {
         Ok(Some((h, Message::Handshake(hs)))) => (h, hs),
         Ok(Some((h, _))) => {
-            return Err(Some((
+            return Err(HandshakeEnd::refused(
                 h.request_id,
                 ErrorCode::ProtocolViolation,
-                "the first frame must be a Handshake".into(),
-            )))
+                "the first frame must be a Handshake",
+            ))
         }
-        Ok(None) => return Err(None),
+        Ok(None) => return Err(HandshakeEnd::PeerLeft),
         Err(TransportError::Proto(e)) => {
-            return Err(Some((reader.front_request_id(), e.code(), e.to_string())))
+            return Err(HandshakeEnd::refused(reader.front_request_id(), e.code(), e.to_string()))
         }
-        Err(_) => return Err(None),
+        Err(_) => return Err(HandshakeEnd::PeerLeft),
     };
     if let Some(secret) = &cfg.secret {
         if !constant_time_eq(secret.as_bytes(), hs.secret.as_bytes()) {
-            return Err(Some((
+            return Err(HandshakeEnd::refused(
                 h.request_id,
                 ErrorCode::AuthFailed,
-                "wrong or missing application secret".into(),
-            )));
+                "wrong or missing application secret",
+            ));
         }
     }
     if hs.max_frame_bytes < MIN_MAX_FRAME_BYTES {
-        return Err(Some((
+        return Err(HandshakeEnd::refused(
             h.request_id,
             ErrorCode::MalformedFrame,
             format!(
                 "proposed max_frame_bytes {} is below {MIN_MAX_FRAME_BYTES}",
                 hs.max_frame_bytes
             ),
-        )));
+        ));
     }
     let max_frame = hs.max_frame_bytes.min(cfg.max_frame_bytes);
     let ok = HandshakeOk {
