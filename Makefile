@@ -43,4 +43,5 @@ bench: build
 	$(SLUICE) local --bytes 2G
 
 fuzz:
-	$(CARGO) +nightly fuzz run frame_decode -- -max_total_time=300
+	cd fuzz && $(CARGO) +nightly fuzz run frame_decode -- -max_total_time=300
+	cd fuzz && $(CARGO) +nightly fuzz run core_ops -- -max_total_time=300

@@ -15,7 +15,7 @@
 //! - `storage`: data directories, chosen by free space, taken out of service on failure; the
 //!   recycle pool.
 //! - `memory_budget`: reservations and watermarks for buffered data.
-//! - [`config`]: the server's configuration ([`ServerConfig`]).
+//! - `config`: the server's configuration ([`ServerConfig`]).
 //! - `stats`: counters exported as Prometheus text.
 //! - this file: the transport [`Handler`], heartbeats to coordinators and the maintenance
 //!   tick, wired together by [`Server::serve`].
@@ -23,7 +23,7 @@
 //!   `core_ops` fuzz target and the property test.
 #![warn(missing_docs)]
 
-pub mod config;
+mod config;
 mod core;
 mod files;
 mod flusher;

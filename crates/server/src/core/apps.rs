@@ -8,8 +8,9 @@ use parking_lot::Mutex;
 use sluice_proto::message::RegisterShuffle;
 use sluice_proto::ErrorCode;
 
-use super::shuffle::{Shuffle, ShuffleKey};
-use super::Refusal;
+use super::key::ShuffleKey;
+use super::refusal::Refusal;
+use super::shuffle::Shuffle;
 
 /// A registered application.
 #[derive(Debug)]

@@ -16,62 +16,35 @@
 //! (`fuzzing.rs`).
 //!
 //! ## Layout
-//! - [`chunk`]: runs of map attempts, chunks and their byte ranges, page padding.
-//! - [`partition`]: a partition's buffer, files and cursors, chunk index; flush plans.
-//! - [`maps`]: `MapperEnd` records and which attempts a stream reads.
-//! - [`shuffle`]: a shuffle's lifecycle and its requests: push, commit, open stream, delete.
-//! - [`apps`]: applications and their shuffles.
-//! - [`streams`]: open read streams.
+//! - `key`: which shuffle ([`ShuffleKey`]).
+//! - `refusal`: a request turned down, with its wire code ([`Refusal`]).
+//! - `chunk`: runs of map attempts, chunks and their byte ranges, page padding.
+//! - `partition`: a partition's buffer, files and cursors, chunk index; flush plans.
+//! - `maps`: `MapperEnd` records and which attempts a stream reads.
+//! - `shuffle`: a shuffle's lifecycle and its requests: push, commit, open stream, delete.
+//! - `apps`: applications and their shuffles.
+//! - `streams`: open read streams.
 
-pub mod apps;
-pub mod chunk;
-pub mod maps;
-pub mod partition;
-pub mod shuffle;
-pub mod streams;
+mod apps;
+mod chunk;
+mod key;
+mod maps;
+mod partition;
+mod refusal;
+mod shuffle;
+mod streams;
 
 #[cfg(test)]
 pub(crate) mod tests;
-
-use sluice_proto::{ErrorCode, Message};
 
 pub use apps::{Apps, Deleted};
 #[cfg(any(test, feature = "fuzzing"))]
 pub use chunk::padded_len;
 pub use chunk::ByteRange;
+pub use key::ShuffleKey;
 pub use partition::{FileSource, FlushOutcome, FlushPlan};
+pub use refusal::Refusal;
 #[cfg(any(test, feature = "fuzzing"))]
 pub use shuffle::Lifecycle;
-pub use shuffle::{Shuffle, ShuffleKey};
+pub use shuffle::Shuffle;
 pub use streams::Streams;
-
-/// A request the core turns down: the wire code the requester gets and why.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{reason} ({code})")]
-pub struct Refusal {
-    code: ErrorCode,
-    reason: String,
-}
-
-impl Refusal {
-    /// A refusal with wire code `code`.
-    pub fn new(code: ErrorCode, reason: impl Into<String>) -> Refusal {
-        Refusal { code, reason: reason.into() }
-    }
-
-    /// The wire code.
-    pub fn code(&self) -> ErrorCode {
-        self.code
-    }
-
-    /// Why, for the requester and the log.
-    pub fn reason(&self) -> &str {
-        &self.reason
-    }
-}
-
-impl From<Refusal> for Message {
-    fn from(r: Refusal) -> Message {
-        Message::error(r.code, r.reason)
-    }
-}

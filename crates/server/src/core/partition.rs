@@ -12,7 +12,8 @@ use bytes::Bytes;
 use sluice_proto::ErrorCode;
 
 use super::chunk::{group_by_attempt, padded_len, padding, ByteRange, Chunk, Run};
-use super::Refusal;
+use super::key::ShuffleKey;
+use super::refusal::Refusal;
 use crate::memory_budget::Reservation;
 
 /// Where flushes may go: the shell's storage, behind the core's back. The core asks it whether
@@ -23,7 +24,7 @@ pub trait FileSource<F> {
     fn keeps(&self, current: &F) -> bool;
 
     /// Opens file number `number` of `partition` of shuffle `key`; `Err` says why none can be.
-    fn open(&self, key: &super::ShuffleKey, partition: u32, number: u32) -> Result<F, String>;
+    fn open(&self, key: &ShuffleKey, partition: u32, number: u32) -> Result<F, String>;
 }
 
 /// What a finished flush reports to its partition.
@@ -226,7 +227,7 @@ impl<F: Clone> Partition<F> {
     /// file can be opened the partition is lost (its buffer dropped) and the refusal says why.
     pub(super) fn take_flush(
         &mut self,
-        key: &super::ShuffleKey,
+        key: &ShuffleKey,
         pid: u32,
         files: &impl FileSource<F>,
     ) -> Result<Option<FlushPlan<F>>, Refusal> {
@@ -263,7 +264,7 @@ impl<F: Clone> Partition<F> {
     /// again, or report the plan lost).
     pub(super) fn retarget(
         &mut self,
-        key: &super::ShuffleKey,
+        key: &ShuffleKey,
         plan: &mut FlushPlan<F>,
         files: &impl FileSource<F>,
     ) -> Result<(), String> {
@@ -277,7 +278,7 @@ impl<F: Clone> Partition<F> {
     /// Reserves `bytes` (page-padded) at the cursor of the file that takes the next flush.
     fn reserve(
         &mut self,
-        key: &super::ShuffleKey,
+        key: &ShuffleKey,
         pid: u32,
         files: &impl FileSource<F>,
         bytes: u64,

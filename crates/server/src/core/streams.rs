@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use sluice_proto::ErrorCode;
 
+use super::refusal::Refusal;
 use super::shuffle::Shuffle;
-use super::Refusal;
 
 /// An open stream. It belongs to no connection: a reader may fetch its chunks over any pooled
 /// connection, so it lives until closed, its shuffle's deletion, or idleness.
