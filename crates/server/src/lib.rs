@@ -46,6 +46,7 @@ use sluice_transport::{
 use tokio::net::TcpListener;
 
 pub use config::ServerConfig;
+pub use core::{AppReport, Lifecycle, ShuffleReport};
 pub use state::ServerState;
 
 use state::{Admit, Admitted};

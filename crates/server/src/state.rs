@@ -12,7 +12,7 @@ use sluice_transport::{Body, FileRegion, Response};
 use tokio::sync::Notify;
 
 use crate::config::ServerConfig;
-use crate::core::{Apps, ByteRange, Deleted, FlushPlan, Refusal, Shuffle, Streams};
+use crate::core::{AppReport, Apps, ByteRange, Deleted, FlushPlan, Refusal, Shuffle, Streams};
 use crate::files::{remove_app_dirs, remove_shuffle_files, FileRef, Placement};
 use crate::flusher::Flushers;
 use crate::memory_budget::{MemoryBudget, Pressure, Reservation};
@@ -478,6 +478,11 @@ impl ServerState {
     /// Shuffles held, of every application.
     pub fn shuffles_held(&self) -> usize {
         self.apps.shuffles_held()
+    }
+
+    /// Every application and what its shuffles hold now (for the status API).
+    pub fn apps_report(&self) -> Vec<AppReport> {
+        self.apps.report(Instant::now())
     }
 
     /// Partitions of all shuffles held (for heartbeats).

@@ -10,6 +10,7 @@ use sluice_proto::ErrorCode;
 
 use super::key::ShuffleKey;
 use super::refusal::Refusal;
+use super::report::{idle_ms, AppReport};
 use super::shuffle::Shuffle;
 
 /// A registered application.
@@ -129,6 +130,26 @@ impl<F: Clone> Apps<F> {
         let apps = self.apps.lock();
         let old = apps.iter().filter(|(_, a)| now.saturating_duration_since(a.last_seen) > limit);
         old.map(|(id, _)| id.clone()).collect()
+    }
+
+    /// Every application with what its shuffles hold, at `now`, ordered by id.
+    pub fn report(&self, now: Instant) -> Vec<AppReport> {
+        let apps: Vec<(String, App<F>)> = {
+            let apps = self.apps.lock();
+            let copy = |a: &App<F>| App { last_seen: a.last_seen, shuffles: a.shuffles.clone() };
+            apps.iter().map(|(id, a)| (id.clone(), copy(a))).collect()
+        };
+        // Partitions are locked one at a time, outside the map's lock.
+        let mut out: Vec<AppReport> = apps
+            .into_iter()
+            .map(|(app_id, a)| {
+                let mut shuffles: Vec<_> = a.shuffles.values().map(|s| s.report()).collect();
+                shuffles.sort_by_key(|s| s.shuffle_id);
+                AppReport { app_id, idle_ms: idle_ms(now, a.last_seen), shuffles }
+            })
+            .collect();
+        out.sort_by(|a, b| a.app_id.cmp(&b.app_id));
+        out
     }
 
     /// Every shuffle held.

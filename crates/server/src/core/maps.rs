@@ -82,6 +82,11 @@ impl MapEnds {
         Some(counts.get(&partition).copied().unwrap_or(0))
     }
 
+    /// How many maps ended.
+    pub(crate) fn ended(&self) -> u32 {
+        self.maps.len() as u32
+    }
+
     /// The first map of `[start, end)` with no recorded end, if any. Costs one pass over the
     /// ended maps, however wide the range.
     pub(crate) fn first_unended(&self, start: u32, end: u32) -> Option<u32> {

@@ -24,6 +24,7 @@
 //! - `shuffle`: a shuffle's lifecycle and its requests: push, commit, open stream, delete.
 //! - `apps`: applications and their shuffles.
 //! - `streams`: open read streams.
+//! - `report`: read-only snapshots for operators.
 
 mod apps;
 mod chunk;
@@ -31,6 +32,7 @@ mod key;
 mod maps;
 mod partition;
 mod refusal;
+mod report;
 mod shuffle;
 mod streams;
 
@@ -44,7 +46,7 @@ pub use chunk::ByteRange;
 pub use key::ShuffleKey;
 pub use partition::{FileSource, FlushOutcome, FlushPlan};
 pub use refusal::Refusal;
-#[cfg(any(test, feature = "fuzzing"))]
+pub use report::{AppReport, ShuffleReport};
 pub use shuffle::Lifecycle;
 pub use shuffle::Shuffle;
 pub use streams::Streams;

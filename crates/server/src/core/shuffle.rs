@@ -15,11 +15,13 @@ use super::key::ShuffleKey;
 use super::maps::{Ended, MapEnds};
 use super::partition::{FileSource, FlushOutcome, FlushPlan, Partition};
 use super::refusal::Refusal;
+use super::report::ShuffleReport;
 use crate::memory_budget::Reservation;
 
 /// Where a shuffle is in its life. It only moves forward: `Open → Committing → Readable`, and
 /// from any of them to `Deleted`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 #[repr(u8)]
 pub enum Lifecycle {
     /// Takes pushes.
@@ -432,6 +434,30 @@ impl<F: Clone> Shuffle<F> {
         };
         let bodies = p.lock().serve(span, wanted, body);
         Ok((bodies, committed))
+    }
+
+    /// What the shuffle holds now.
+    pub fn report(&self) -> ShuffleReport {
+        let mut r = ShuffleReport {
+            shuffle_id: self.key.shuffle_id(),
+            state: self.lifecycle(),
+            maps: self.num_maps,
+            maps_ended: self.maps.lock().ended(),
+            partitions: self.num_partitions(),
+            lost_partitions: 0,
+            buffered_bytes: 0,
+            stored_bytes: 0,
+            chunks: 0,
+            flushes_in_flight: self.flushes_in_flight(),
+        };
+        for p in self.partitions.iter() {
+            let p = p.lock();
+            r.lost_partitions += u32::from(p.lost().is_some());
+            r.buffered_bytes += p.buffered_bytes();
+            r.stored_bytes += p.chunks().iter().map(|c| c.len()).sum::<u64>();
+            r.chunks += p.chunks().len() as u64;
+        }
+        r
     }
 
     /// Deletes the shuffle: it serves nothing from now on and every buffer is freed. Returns

@@ -232,3 +232,35 @@ fn named_attempts_read_a_later_attempt_and_skip_the_winner() {
     let o = OpenStream { attempts: vec![MapAttempt { map_id: 0, attempt_id: 2 }], ..stream(0) };
     assert_eq!(s.open_stream(&o, |_, _| ()).unwrap_err().code(), ErrorCode::DataLost);
 }
+
+#[test]
+fn a_report_says_what_each_shuffle_holds() {
+    let files = Numbers::default();
+    let apps: Apps<u32> = Apps::default();
+    let t0 = Instant::now();
+    let r = RegisterShuffle {
+        app_id: "b".into(),
+        shuffle_id: 1,
+        num_maps: 2,
+        num_partitions: 2,
+        ..Default::default()
+    };
+    apps.register_shuffle(&r, 1 << 20, t0).unwrap();
+    apps.touch("a", t0);
+    let s = apps.shuffle("b", 1).unwrap();
+    let body = batch_body(0, 0, 100);
+    assert!(s.push(&[section(1, &body)], &body, None, &files).flushes.is_empty());
+    s.mapper_end(0, 0, &[(1, 1)]).unwrap();
+    let plan = s.take_flush(1, &files).unwrap().unwrap();
+    let mid = apps.report(t0 + Duration::from_millis(1500));
+    assert_eq!(mid.iter().map(|a| a.app_id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+    let sr = &mid[1].shuffles[0];
+    assert_eq!((mid[1].idle_ms, sr.state, sr.maps_ended), (1500, Lifecycle::Open, 1));
+    assert_eq!((sr.buffered_bytes, sr.stored_bytes, sr.flushes_in_flight), (0, 0, 1));
+    s.flushed(plan, FlushOutcome::Written);
+    let sr = apps.report(t0).remove(1).shuffles.remove(0);
+    assert_eq!(
+        (sr.stored_bytes, sr.chunks, sr.flushes_in_flight, sr.lost_partitions),
+        (120, 1, 0, 0)
+    );
+}
