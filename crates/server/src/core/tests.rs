@@ -46,6 +46,19 @@ fn shuffle(chunk_bytes: u64) -> Shuffle<u32> {
     Shuffle::new(ShuffleKey::new("app", 1), 2, 2, chunk_bytes)
 }
 
+/// Registers shuffle 1 of `app` with `num_maps` maps and as many partitions, chunks of
+/// `chunk_bytes`.
+fn register(apps: &Apps<u32>, app: &str, num_maps: u32, chunk_bytes: u64, now: Instant) {
+    let r = RegisterShuffle {
+        app_id: app.into(),
+        shuffle_id: 1,
+        num_maps,
+        num_partitions: num_maps,
+        ..Default::default()
+    };
+    apps.register_shuffle(&r, chunk_bytes, now).unwrap();
+}
+
 fn stream(partition_id: u32) -> OpenStream {
     OpenStream {
         app_id: "app".into(),
@@ -167,14 +180,7 @@ fn a_deleted_shuffle_serves_nothing_and_hands_back_its_files() {
     let apps: Apps<u32> = Apps::default();
     let streams: Streams<u32, u32> = Streams::default();
     let t0 = Instant::now();
-    let r = RegisterShuffle {
-        app_id: "app".into(),
-        shuffle_id: 1,
-        num_maps: 1,
-        num_partitions: 1,
-        ..Default::default()
-    };
-    apps.register_shuffle(&r, 10, t0).unwrap();
+    register(&apps, "app", 1, 10, t0);
     let s = apps.shuffle("app", 1).unwrap();
     let body = batch_body(0, 0, 10);
     let plan = s.push(&[section(0, &body)], &body, None, &files).flushes.pop().unwrap();
@@ -238,14 +244,7 @@ fn a_report_says_what_each_shuffle_holds() {
     let files = Numbers::default();
     let apps: Apps<u32> = Apps::default();
     let t0 = Instant::now();
-    let r = RegisterShuffle {
-        app_id: "b".into(),
-        shuffle_id: 1,
-        num_maps: 2,
-        num_partitions: 2,
-        ..Default::default()
-    };
-    apps.register_shuffle(&r, 1 << 20, t0).unwrap();
+    register(&apps, "b", 2, 1 << 20, t0);
     apps.touch("a", t0);
     let s = apps.shuffle("b", 1).unwrap();
     let body = batch_body(0, 0, 100);
