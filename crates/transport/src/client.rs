@@ -9,9 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use sluice_proto::frame::{HANDSHAKE_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES};
 use sluice_proto::message::{Handshake, Pong, FEATURE_CRC32C, MAGIC, PROTOCOL_VERSION};
-use sluice_proto::{encode_frame, ErrorCode, Message};
+use sluice_proto::{
+    encode_frame, ErrorCode, Message, HANDSHAKE_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES,
+};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpSocket;
 use tokio::sync::oneshot;
