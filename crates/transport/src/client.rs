@@ -31,7 +31,9 @@ use crate::stats::TransportStats;
 /// the like are replies too.
 #[derive(Debug, Clone)]
 pub struct Reply {
+    /// The decoded response message.
     pub message: Message,
+    /// The response body (a fetched chunk's bytes); empty when the message has none.
     pub body: Bytes,
 }
 
