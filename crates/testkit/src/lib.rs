@@ -2,9 +2,9 @@
 //!
 //! Starting and watching `sluice` child processes, for the two places that run a cluster of
 //! them on loopback: the binary's embedded cluster (`sluice local`, `sluice bench push|fetch`)
-//! and the integration tests' harness (`crates/sluice/tests/utils`). A plain library (std,
-//! `tempfile`, and the workspace's own protocol crates), so the release binary links nothing
-//! for it that it does not link already.
+//! and the integration tests' harness (`crates/sluice/tests/utils`). It depends on std,
+//! `anyhow`, `tempfile`, tokio's timer and the workspace's `sluice-proto` and `sluice-transport`
+//! only, all of which the binary links already: `sluice local` pays nothing for sharing it.
 //!
 //! ## Layout
 //! Every module is private; the API is the list of re-exports below.
