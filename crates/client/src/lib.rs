@@ -3,18 +3,23 @@
 //! The native client that map and reduce tasks use.
 //!
 //! ## Layout
-//! - [`ClientOptions`] and [`ShuffleClient`]: coordinator calls (any live coordinator of a list),
-//!   shuffle registration on servers, commit, cleanup and heartbeats.
-//! - [`writer`]: [`ShuffleWriter`] batches records per partition, pushes merged frames per
+//! Every module is private; the API is [`ShuffleClient`] and what it hands out.
+//! - this file: [`ClientOptions`] and [`ShuffleClient`]: coordinator calls (any live
+//!   coordinator of a list), shuffle registration on servers, commit, cleanup and heartbeats;
+//!   [`ClientError`].
+//! - `writer`: [`ShuffleWriter`] batches records per partition, pushes merged frames per
 //!   server with bounded in-flight bytes, retries `Busy`, goes on with the other copy when a
 //!   server of a replicated shuffle fails, ends with `MapperEnd`.
-//! - [`reader`]: [`PartitionReader`] opens a stream for (partition, map range), prefetches
+//! - `reader`: [`PartitionReader`] opens a stream for (partition, map range), prefetches
 //!   chunks, verifies every batch's CRC32C, keeps committed attempts only, drops duplicates and
 //!   reports any missing batch as data loss.
+//! - `busy`: the per-server gate that holds pushes back while a server answers `Busy`.
+
+#![warn(missing_docs)]
 
 mod busy;
-pub mod reader;
-pub mod writer;
+mod reader;
+mod writer;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -31,23 +36,43 @@ pub use writer::ShuffleWriter;
 /// Errors a client call can end with.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
+    /// The connection failed, timed out, or the peer answered with an `Error` frame.
     #[error(transparent)]
     Transport(#[from] TransportError),
+    /// A server or coordinator refused the request with an `Error` reply.
     #[error("{code}: {message}")]
-    Server { code: ErrorCode, message: String },
+    Server {
+        /// The wire code of the refusal.
+        code: ErrorCode,
+        /// The peer's text, for logs.
+        message: String,
+    },
+    /// A well-formed reply of the wrong type; the text says what the request wanted.
     #[error("unexpected reply {0}")]
     UnexpectedReply(&'static str),
+    /// Data a read needs is missing (fewer batches than the committed maps pushed, or a chunk
+    /// that could not be fetched) and no other copy had it.
     #[error("data lost: {0}")]
     DataLost(String),
+    /// A fetched chunk did not split into whole batches, or a batch failed its CRC32C, and no
+    /// other copy was sound.
     #[error("corrupt shuffle data: {0}")]
     Corrupt(String),
+    /// A coordinator or server address (`host:port`) did not resolve.
     #[error("cannot resolve {0}")]
     Resolve(String),
     /// Every server holding a partition failed (a replicated shuffle survives losing one of
     /// them): no complete copy of the partition can be written or committed any more. `code`
     /// is the last failure's.
     #[error("partition {partition} has no live copy left: {failures}")]
-    CopiesLost { partition: u32, failures: String, code: ErrorCode },
+    CopiesLost {
+        /// The partition with no copy left.
+        partition: u32,
+        /// Each server's failure (`addr: why`), joined with `; `.
+        failures: String,
+        /// The last failure's wire code.
+        code: ErrorCode,
+    },
 }
 
 impl ClientError {
@@ -155,7 +180,7 @@ pub struct ShuffleClient {
 }
 
 /// Resolves an assignment's server addresses.
-pub async fn server_addrs(a: &Assignment) -> Result<Vec<SocketAddr>, ClientError> {
+pub(crate) async fn server_addrs(a: &Assignment) -> Result<Vec<SocketAddr>, ClientError> {
     let mut out = Vec::with_capacity(a.servers.len());
     for s in &a.servers {
         let hp = format!("{}:{}", s.host, s.port);
@@ -185,10 +210,12 @@ impl ShuffleClient {
         ShuffleClient { inner: Arc::new(Inner { opts, pool, app_id, busy: Default::default() }) }
     }
 
+    /// The application this client works for: every request it sends names it.
     pub fn app_id(&self) -> &str {
         &self.inner.app_id
     }
 
+    /// The options it was made with (`transport.app_id` set to [`Self::app_id`]).
     pub fn options(&self) -> &ClientOptions {
         &self.inner.opts
     }

@@ -6,10 +6,15 @@
 //! several coordinators can run side by side.
 //!
 //! ## Layout
+//! One file, no modules; the API is [`CoordinatorConfig`], [`Coordinator`] and the
+//! [`ServerInfo`] it reports.
 //! - [`CoordinatorConfig`]: the configuration.
-//! - [`Coordinator`]: the state and what each request does to it.
-//! - [`assign`]: the load-aware partition assignment, free of I/O.
+//! - [`Coordinator`]: the state and what each request does to it ([`Coordinator::handle`],
+//!   free of I/O).
+//! - `assign`: the load-aware partition assignment, free of I/O.
 //! - [`Coordinator::serve`]: the transport handler and the expiry tick.
+
+#![warn(missing_docs)]
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -61,16 +66,23 @@ impl CoordinatorConfig {
 /// What the coordinator knows of one server.
 #[derive(Debug, Clone)]
 pub struct ServerInfo {
+    /// Its name and where clients reach it, as it last reported them.
     pub addr: ServerAddr,
+    /// When its last registration or heartbeat arrived; too long ago and it is not live.
     pub last_seen: Instant,
+    /// Memory it may hold pushed data in.
     pub memory_budget_bytes: u64,
+    /// Part of that budget free at its last heartbeat: memory pressure weighs on its score.
     pub free_memory_bytes: u64,
+    /// Free disk above its reserve at its last heartbeat (0 while full or draining).
     pub free_disk_bytes: u64,
     /// The last heartbeat reported no free disk above the server's reserve (its directories are
     /// full or failed, or it is draining): it gets no new partitions while another server has
     /// room.
     pub no_room: bool,
+    /// Partitions it held at its last heartbeat.
     pub partitions_held: u32,
+    /// Push rate at its last heartbeat: a busy server scores worse.
     pub push_bytes_per_s: u64,
     /// Partitions assigned since its last heartbeat (not yet in `partitions_held`).
     pub assigned_since_heartbeat: u32,
@@ -92,11 +104,7 @@ impl ServerInfo {
 
 /// Spreads `num_partitions` over `servers` (greedy on the load score), with a replica on another
 /// server when `replication` is 2 and there is one. Updates the servers' promised counts.
-pub fn assign(
-    servers: &mut [ServerInfo],
-    num_partitions: u32,
-    replication: u8,
-) -> Vec<PartitionLoc> {
+fn assign(servers: &mut [ServerInfo], num_partitions: u32, replication: u8) -> Vec<PartitionLoc> {
     let mut out = Vec::with_capacity(num_partitions as usize);
     for _ in 0..num_partitions {
         let mut order: Vec<usize> = (0..servers.len()).collect();
@@ -130,6 +138,8 @@ pub struct Coordinator {
 type Failure = (ErrorCode, String);
 
 impl Coordinator {
+    /// A coordinator that knows no server, application or shuffle yet; fails when `config`
+    /// does not validate.
     pub fn new(config: CoordinatorConfig) -> Result<Arc<Self>, String> {
         config.validate()?;
         Ok(Arc::new(Coordinator { config, view: Mutex::new(View::default()) }))
@@ -145,7 +155,8 @@ impl Coordinator {
         v
     }
 
-    /// Applies one request.
+    /// Applies one request and returns the reply (an `Error` message for a refusal). No I/O:
+    /// [`Self::serve`] calls it for each request, and tests call it directly.
     pub fn handle(&self, msg: Message) -> Message {
         let result: Result<Message, Failure> = match msg {
             Message::Ping(_) => Ok(Pong {}.into()),

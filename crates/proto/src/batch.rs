@@ -16,13 +16,20 @@ pub fn crc32c(data: &[u8]) -> u32 {
 /// Length of a batch header.
 pub const BATCH_HEADER_LEN: usize = 20;
 
-/// A batch header.
+/// The 20 bytes before every batch payload: who wrote it, its place in the attempt's sequence,
+/// and what to check it against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchHeader {
+    /// The map task that wrote the batch.
     pub map_id: u32,
+    /// Which attempt of that map task; readers keep the committed attempt's batches only.
     pub attempt_id: u32,
+    /// 0, 1, 2 … per (map, attempt, partition): how readers drop repeats and count what is
+    /// missing.
     pub batch_id: u32,
+    /// Payload bytes after the header.
     pub length: u32,
+    /// CRC-32C of the payload ([`crc32c`]).
     pub crc32c: u32,
 }
 
@@ -76,6 +83,7 @@ pub struct Batches<'a> {
 }
 
 impl<'a> Batches<'a> {
+    /// Walks `buf` from its first byte.
     pub fn new(buf: &'a [u8]) -> Self {
         Batches { buf, pos: 0 }
     }

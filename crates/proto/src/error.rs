@@ -7,26 +7,49 @@ use std::fmt;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u16)]
 pub enum ErrorCode {
+    /// Bad lengths, bad field encoding, trailing bytes, or a body where none is allowed. Fatal.
     MalformedFrame = 1,
+    /// `frame_len` over the negotiated `max_frame_bytes`. Fatal.
     FrameTooLarge = 2,
+    /// A `msg_type` that v1 does not define. Fatal.
     UnknownMessageType = 3,
+    /// The handshake's magic or version is not one the responder speaks. Fatal.
     UnsupportedVersion = 4,
+    /// The application secret is missing or wrong. Fatal.
     AuthFailed = 5,
+    /// A batch's CRC32C does not match its payload (corrupted in flight: retriable).
     ChecksumMismatch = 6,
+    /// The application is not registered, or it expired for lack of heartbeats.
     UnknownApp = 7,
+    /// The shuffle is not registered on the responder.
     UnknownShuffle = 8,
+    /// A push or mapper end arrived after the shuffle was committed.
     ShuffleCommitted = 9,
+    /// A stream was opened before the shuffle was committed (retriable: the commit may follow).
     ShuffleNotCommitted = 10,
+    /// A fetch or close named a stream that is not open.
     UnknownStream = 11,
+    /// A chunk index at or past the stream's chunk count.
     ChunkOutOfRange = 12,
+    /// A disk failed while writing or reading; the request's data was not stored (retriable).
     StorageFailed = 13,
+    /// No data directory can take the partition: all failed or full.
     StorageUnavailable = 14,
+    /// The coordinator knows no live server to assign (retriable: servers may join).
     NoServers = 15,
+    /// Well formed but wrong for the state it meets (a partition or map id out of range, a push
+    /// larger than the server's memory budget, ...).
     InvalidRequest = 16,
+    /// A bug or unexpected state on the responder (retriable).
     Internal = 17,
+    /// The responder is stopping (retriable elsewhere or later).
     ShuttingDown = 18,
+    /// Stored data is missing or truncated, or this server's copy is incomplete; another copy may
+    /// still have it.
     DataLost = 19,
+    /// A request got no answer in time. Made by clients; never sent by servers.
     Timeout = 20,
+    /// A well-formed frame out of place (a second handshake, a response sent as a request). Fatal.
     ProtocolViolation = 21,
 }
 
@@ -130,16 +153,33 @@ impl fmt::Display for ErrorCode {
 /// Why bytes from a peer could not be decoded. Always the peer's fault; each maps to a wire code.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProtoError {
+    /// Lengths or fields that do not add up; the text names the first check that failed.
     #[error("malformed frame: {0}")]
     Malformed(&'static str),
+    /// A header announced more bytes than the connection allows; refused before any is read.
     #[error("frame of {len} bytes exceeds the maximum of {max}")]
-    FrameTooLarge { len: u64, max: u32 },
+    FrameTooLarge {
+        /// The `frame_len` the header announced.
+        len: u64,
+        /// The connection's `max_frame_bytes`.
+        max: u32,
+    },
+    /// A `msg_type` byte that v1 does not define.
     #[error("unknown message type {0}")]
     UnknownType(u8),
+    /// A handshake with the wrong magic or a version we do not speak; the text says which.
     #[error("unsupported protocol: {0}")]
     UnsupportedVersion(String),
+    /// A batch whose payload does not match the CRC32C in its header.
     #[error("batch checksum mismatch (map {map_id}, attempt {attempt_id}, batch {batch_id})")]
-    ChecksumMismatch { map_id: u32, attempt_id: u32, batch_id: u32 },
+    ChecksumMismatch {
+        /// The batch header's map id.
+        map_id: u32,
+        /// The batch header's attempt id.
+        attempt_id: u32,
+        /// The batch header's batch id (its sequence number within the attempt).
+        batch_id: u32,
+    },
 }
 
 impl ProtoError {

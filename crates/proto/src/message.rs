@@ -17,8 +17,11 @@ pub const NO_REPLICA: u16 = 0xFFFF;
 wire_struct! {
     /// First frame of every connection, client → server.
     pub struct Handshake {
+        /// [`MAGIC`]; anything else is refused as `UNSUPPORTED_VERSION`.
         pub magic: u32,
+        /// The protocol version the client speaks ([`PROTOCOL_VERSION`]).
         pub version: u16,
+        /// Feature bits the client supports ([`FEATURE_CRC32C`]); unknown bits are ignored.
         pub features: u64,
         /// The client's proposed `max_frame_bytes`.
         pub max_frame_bytes: u32,
@@ -30,11 +33,26 @@ wire_struct! {
 }
 wire_struct! {
     /// Answer to [`Handshake`]: the negotiated version, features and frame limit.
-    pub struct HandshakeOk { pub version: u16, pub features: u64, pub max_frame_bytes: u32 }
+    pub struct HandshakeOk {
+        /// The version both sides speak from now on.
+        pub version: u16,
+        /// The intersection of both sides' feature bits.
+        pub features: u64,
+        /// The largest frame either side may send on this connection.
+        pub max_frame_bytes: u32,
+    }
 }
 wire_struct! {
     /// A failed request (or a fatal connection error).
-    pub struct ErrorMsg { pub code: u16, pub retriable: u8, pub message: String }
+    pub struct ErrorMsg {
+        /// An [`ErrorCode`] number.
+        pub code: u16,
+        /// 1 when the code is retriable, else 0 (copied from the code's table; other values
+        /// are malformed).
+        pub retriable: u8,
+        /// Human-readable detail for logs; not for parsing.
+        pub message: String,
+    }
 }
 wire_struct! { /// Liveness probe.
 pub struct Ping {} }
@@ -45,110 +63,250 @@ pub struct OkMsg {} }
 wire_struct! {
     /// A server announcing itself to a coordinator.
     pub struct RegisterServer {
+        /// The server's stable name, unique in the cluster.
         pub server_id: String,
+        /// Host clients reach the server at.
         pub host: String,
+        /// Port clients reach the server at.
         pub port: u16,
+        /// Memory the server may hold pushed data in.
         pub memory_budget_bytes: u64,
+        /// Total size of the server's data directories.
         pub disk_capacity_bytes: u64,
     }
 }
 wire_struct! {
     /// A server's periodic state report; also registers an unknown server.
     pub struct ServerHeartbeat {
+        /// The server's stable name, unique in the cluster.
         pub server_id: String,
+        /// Host clients reach the server at.
         pub host: String,
+        /// Port clients reach the server at.
         pub port: u16,
+        /// Memory the server may hold pushed data in.
         pub memory_budget_bytes: u64,
+        /// Part of the memory budget not held by pushed data.
         pub free_memory_bytes: u64,
+        /// Free disk above the server's reserve; 0 while it is full or draining, which keeps
+        /// new partitions away from it.
         pub free_disk_bytes: u64,
+        /// Partitions the server holds data for.
         pub partitions_held: u32,
+        /// Bytes pushed to the server per second since its previous heartbeat.
         pub push_bytes_per_s: u64,
+        /// Connections open on the server.
         pub active_connections: u32,
     }
 }
-wire_struct! { /// An application starting.
-pub struct RegisterApp { pub app_id: String, pub secret: String } }
-wire_struct! { /// An application is still alive.
-pub struct AppHeartbeat { pub app_id: String } }
-wire_struct! { /// An application ended: delete its data.
-pub struct UnregisterApp { pub app_id: String } }
+wire_struct! {
+    /// An application starting.
+    pub struct RegisterApp {
+        /// The application's id, the namespace of its shuffles.
+        pub app_id: String,
+        /// Its secret when auth is on; empty when none.
+        pub secret: String,
+    }
+}
+wire_struct! {
+    /// An application is still alive; one that stops sending these expires with its data.
+    pub struct AppHeartbeat {
+        /// The application's id.
+        pub app_id: String,
+    }
+}
+wire_struct! {
+    /// An application ended: delete its data.
+    pub struct UnregisterApp {
+        /// The application's id.
+        pub app_id: String,
+    }
+}
 wire_struct! {
     /// Register a shuffle: with a coordinator, returns an [`Assignment`]; with a server, prepares it.
     pub struct RegisterShuffle {
+        /// The application the shuffle belongs to.
         pub app_id: String,
+        /// The shuffle's id, unique within the application.
         pub shuffle_id: u32,
+        /// Map tasks that will write (map ids `0..num_maps`).
         pub num_maps: u32,
+        /// Partitions the maps write to; at least 1.
         pub num_partitions: u32,
+        /// Copies of each partition: 1, or 2 for a replica on another server.
         pub replication: u8,
     }
 }
 wire_struct! {
     /// A server's address inside an [`Assignment`].
-    pub struct ServerAddr { pub server_id: String, pub host: String, pub port: u16 }
+    pub struct ServerAddr {
+        /// The server's stable name.
+        pub server_id: String,
+        /// Host to connect to.
+        pub host: String,
+        /// Port to connect to.
+        pub port: u16,
+    }
 }
 wire_struct! {
     /// Where one partition lives: indexes into `Assignment::servers`.
-    pub struct PartitionLoc { pub primary: u16, pub replica: u16 }
+    pub struct PartitionLoc {
+        /// The server that holds the partition.
+        pub primary: u16,
+        /// The server that holds its second copy, or [`NO_REPLICA`].
+        pub replica: u16,
+    }
 }
 wire_struct! {
     /// Partition → server map of one shuffle, in partition order.
     pub struct Assignment {
+        /// The shuffle this assignment is for.
         pub shuffle_id: u32,
+        /// The servers the partitions are spread over.
         pub servers: Vec<ServerAddr>,
+        /// One entry per partition, in partition order.
         pub partitions: Vec<PartitionLoc>,
     }
 }
-wire_struct! { /// Ask a coordinator for a registered shuffle's assignment.
-pub struct GetAssignment { pub app_id: String, pub shuffle_id: u32 } }
-wire_struct! { /// Flush and seal a shuffle on a server; answered by [`CommitResult`].
-pub struct CommitShuffle { pub app_id: String, pub shuffle_id: u32 } }
-wire_struct! { /// Bytes stored for one partition.
-pub struct PartitionSize { pub partition: u32, pub bytes: u64 } }
+wire_struct! {
+    /// Ask a coordinator for a registered shuffle's assignment.
+    pub struct GetAssignment {
+        /// The application the shuffle belongs to.
+        pub app_id: String,
+        /// The shuffle asked about.
+        pub shuffle_id: u32,
+    }
+}
+wire_struct! {
+    /// Flush and seal a shuffle on a server; answered by [`CommitResult`].
+    pub struct CommitShuffle {
+        /// The application the shuffle belongs to.
+        pub app_id: String,
+        /// The shuffle to commit.
+        pub shuffle_id: u32,
+    }
+}
+wire_struct! {
+    /// Bytes stored for one partition.
+    pub struct PartitionSize {
+        /// The partition.
+        pub partition: u32,
+        /// Bytes stored for it, batch headers included.
+        pub bytes: u64,
+    }
+}
 wire_struct! {
     /// Sizes of the partitions a server holds for a committed shuffle.
-    pub struct CommitResult { pub shuffle_id: u32, pub partitions: Vec<PartitionSize> }
+    pub struct CommitResult {
+        /// The committed shuffle.
+        pub shuffle_id: u32,
+        /// Each partition this server holds data for.
+        pub partitions: Vec<PartitionSize>,
+    }
 }
-wire_struct! { /// Delete a shuffle's data.
-pub struct UnregisterShuffle { pub app_id: String, pub shuffle_id: u32 } }
+wire_struct! {
+    /// Delete a shuffle's data.
+    pub struct UnregisterShuffle {
+        /// The application the shuffle belongs to.
+        pub app_id: String,
+        /// The shuffle to delete.
+        pub shuffle_id: u32,
+    }
+}
 wire_struct! {
     /// One partition's batches; the body holds whole batches.
-    pub struct Push { pub app_id: String, pub shuffle_id: u32, pub partition_id: u32 }
+    pub struct Push {
+        /// The application the shuffle belongs to.
+        pub app_id: String,
+        /// The shuffle pushed to.
+        pub shuffle_id: u32,
+        /// The partition every batch of the body belongs to.
+        pub partition_id: u32,
+    }
 }
 wire_struct! {
     /// The byte range `[offset, offset+length)` of a `PushMerged` body, holding one partition.
-    pub struct Section { pub partition_id: u32, pub offset: u32, pub length: u32 }
+    pub struct Section {
+        /// The partition the section's batches belong to.
+        pub partition_id: u32,
+        /// Where the section starts in the body.
+        pub offset: u32,
+        /// The section's length in bytes (whole batches).
+        pub length: u32,
+    }
 }
 wire_struct! {
     /// Batches of many partitions of one server in one frame.
-    pub struct PushMerged { pub app_id: String, pub shuffle_id: u32, pub entries: Vec<Section> }
+    pub struct PushMerged {
+        /// The application the shuffle belongs to.
+        pub app_id: String,
+        /// The shuffle pushed to.
+        pub shuffle_id: u32,
+        /// The body's sections, one per partition pushed.
+        pub entries: Vec<Section>,
+    }
 }
 wire_struct! { /// A push was stored.
 pub struct PushAck {} }
-wire_struct! { /// Nothing of the push was stored; retry after `backoff_ms`.
-pub struct Busy { pub backoff_ms: u32 } }
-wire_struct! { /// Batches one map attempt pushed to one partition.
-pub struct BatchCount { pub partition_id: u32, pub batches: u32 } }
+wire_struct! {
+    /// Nothing of the push was stored; retry after `backoff_ms`.
+    pub struct Busy {
+        /// Suggested wait before sending the same push again, in milliseconds.
+        pub backoff_ms: u32,
+    }
+}
+wire_struct! {
+    /// Batches one map attempt pushed to one partition.
+    pub struct BatchCount {
+        /// The partition.
+        pub partition_id: u32,
+        /// How many batches the attempt pushed to it.
+        pub batches: u32,
+    }
+}
 wire_struct! {
     /// A map attempt finished pushing.
     pub struct MapperEnd {
+        /// The application the shuffle belongs to.
         pub app_id: String,
+        /// The shuffle written.
         pub shuffle_id: u32,
+        /// The map task that ended.
         pub map_id: u32,
+        /// Which attempt of the map task it was.
         pub attempt_id: u32,
+        /// Per partition the attempt pushed to, its batch count; empty when it pushed nothing.
         pub batch_counts: Vec<BatchCount>,
     }
 }
-wire_struct! { /// The attempt that won for the map of a [`MapperEnd`].
-pub struct MapperEndResult { pub winning_attempt: u32 } }
-wire_struct! { /// One map attempt a reader asks for (see [`OpenStream::attempts`]).
-pub struct MapAttempt { pub map_id: u32, pub attempt_id: u32 } }
+wire_struct! {
+    /// The attempt that won for the map of a [`MapperEnd`].
+    pub struct MapperEndResult {
+        /// The first attempt of the map to report; readers read its data.
+        pub winning_attempt: u32,
+    }
+}
+wire_struct! {
+    /// One map attempt a reader asks for (see [`OpenStream::attempts`]).
+    pub struct MapAttempt {
+        /// The map task.
+        pub map_id: u32,
+        /// The attempt of it to read.
+        pub attempt_id: u32,
+    }
+}
 wire_struct! {
     /// Open a read stream over maps `[map_start, map_end)` of one partition.
     pub struct OpenStream {
+        /// The application the shuffle belongs to.
         pub app_id: String,
+        /// The committed shuffle to read.
         pub shuffle_id: u32,
+        /// The partition to read.
         pub partition_id: u32,
+        /// First map of the range.
         pub map_start: u32,
+        /// End of the map range, exclusive; not below `map_start`.
         pub map_end: u32,
         /// Empty: read each map's winning attempt (the first to end). Otherwise read exactly
         /// these attempts, map ids ascending and inside the range, and no other map of the
@@ -156,22 +314,53 @@ wire_struct! {
         pub attempts: Vec<MapAttempt>,
     }
 }
-wire_struct! { /// A map's winning attempt and how many batches it pushed to the partition.
-pub struct CommittedMap { pub map_id: u32, pub attempt_id: u32, pub batches: u32 } }
+wire_struct! {
+    /// A map's winning attempt and how many batches it pushed to the partition.
+    pub struct CommittedMap {
+        /// The map task.
+        pub map_id: u32,
+        /// The attempt the stream serves for it.
+        pub attempt_id: u32,
+        /// Batches that attempt pushed to the partition: what the reader must see.
+        pub batches: u32,
+    }
+}
 wire_struct! {
     /// An open stream: its chunks and the committed attempts of its maps.
     pub struct StreamHandle {
+        /// The stream's id for `FetchChunk` and `CloseStream`.
         pub stream_id: u64,
+        /// The length the server will send of each chunk, in chunk order.
         pub chunk_lengths: Vec<u32>,
+        /// Each map of the range with data in the partition, with the attempt served.
         pub committed: Vec<CommittedMap>,
     }
 }
-wire_struct! { /// Ask for one chunk of a stream.
-pub struct FetchChunk { pub stream_id: u64, pub chunk_index: u32 } }
-wire_struct! { /// One chunk; the body holds its bytes.
-pub struct ChunkData { pub stream_id: u64, pub chunk_index: u32 } }
-wire_struct! { /// Release a stream.
-pub struct CloseStream { pub stream_id: u64 } }
+wire_struct! {
+    /// Ask for one chunk of a stream.
+    pub struct FetchChunk {
+        /// The stream.
+        pub stream_id: u64,
+        /// The chunk, an index into `StreamHandle::chunk_lengths`.
+        pub chunk_index: u32,
+    }
+}
+wire_struct! {
+    /// One chunk; the body holds its bytes.
+    pub struct ChunkData {
+        /// The stream it was fetched from.
+        pub stream_id: u64,
+        /// Which chunk of the stream this is.
+        pub chunk_index: u32,
+    }
+}
+wire_struct! {
+    /// Release a stream.
+    pub struct CloseStream {
+        /// The stream.
+        pub stream_id: u64,
+    }
+}
 
 /// Declares the type-id table once and derives `MsgType` and `Message` from it.
 macro_rules! messages {
@@ -179,7 +368,12 @@ macro_rules! messages {
         /// A message type id. Ids are fixed and never reused.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         #[repr(u8)]
-        pub enum MsgType { $($variant = $id),* }
+        pub enum MsgType {
+            $(
+                #[doc = concat!("Id ", stringify!($id), ": frames carrying [`", stringify!($ty), "`].")]
+                $variant = $id
+            ),*
+        }
 
         impl MsgType {
             /// Every message type, in id order.
@@ -203,7 +397,12 @@ macro_rules! messages {
         #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
         #[serde(untagged)]
         #[cfg_attr(test, derive(proptest_derive::Arbitrary))]
-        pub enum Message { $($variant($ty)),* }
+        pub enum Message {
+            $(
+                #[doc = concat!("[`", stringify!($ty), "`], type id ", stringify!($id), ".")]
+                $variant($ty)
+            ),*
+        }
 
         impl Message {
             /// This message's type id.

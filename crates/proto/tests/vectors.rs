@@ -6,8 +6,7 @@ mod support;
 use bytes::BytesMut;
 use serde_json::Value;
 use sluice_proto::batch::validate_batches;
-use sluice_proto::frame::parse;
-use sluice_proto::{encode_frame, Frame, Message, ProtoError};
+use sluice_proto::{encode_frame, parse, Frame, Message, ProtoError};
 use support::vectors_gen::{cases, manifest};
 
 fn vectors_dir() -> std::path::PathBuf {

@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use sluice_client::{ClientOptions, ShuffleClient};
 
-use crate::cluster::{cpu_seconds, Cluster, ClusterSpec};
+use crate::cluster::{cpu_seconds, metric, Cluster, ClusterSpec};
 use crate::workload::{expected_tally, map_runs, mismatches, read_all, run_map, secs, Tally};
 
 /// `sluice local` flags.
@@ -102,7 +102,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
         opts.max_inflight_bytes = usize::try_from(n).context("--max-inflight")?;
     }
     let client = ShuffleClient::new(app_id, opts);
-    cluster.wait_ready(&client).await?;
+    cluster.wait_ready().await?;
     // Resident memory of the servers before any data: the idle footprint.
     let idle_rss = cluster.servers.iter().map(|s| s.rss_bytes()).max().unwrap_or(0);
     client.register_app().await?;
@@ -184,7 +184,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
     let bad = mismatches(&expect, &got);
     let verified = bad.is_empty();
     let peak_rss = cluster.servers.iter().map(|s| s.peak_rss_bytes()).max().unwrap_or(0);
-    let server_sum = |m: &str| cluster.servers.iter().map(|s| s.metric(m)).sum::<u64>();
+    let server_sum = |m: &str| cluster.servers.iter().map(|s| metric(s, m)).sum::<u64>();
     let busy = server_sum("sluice_server_busy_replies_total");
     let held = server_sum("sluice_server_pushes_held_total");
     let sendfile_bytes = server_sum("sluice_server_sendfile_bytes_total");
@@ -271,7 +271,7 @@ pub async fn client_for(cluster: &Cluster, app: &str) -> anyhow::Result<ShuffleC
         ..ClientOptions::default()
     };
     let client = ShuffleClient::new(app, opts);
-    cluster.wait_ready(&client).await?;
+    cluster.wait_ready().await?;
     client.register_app().await?;
     Ok(client)
 }

@@ -116,7 +116,7 @@ async fn a_dead_server_gets_no_new_partitions() {
         let scratch = Scratch::new();
         let args = ["coordinator", "--listen", "127.0.0.1:0", "--set", "server_timeout_ms=1000"]
             .map(String::from);
-        let coord = utils::Proc::spawn(&args, &scratch.path().join("coord.log"));
+        let coord = scratch.spawn("coordinator", &args);
         let spec = ServerSpec::with_coordinator(coord.addr);
         let (live, mut dead) = (scratch.server(&spec), scratch.server(&spec));
         wait_registered(coord.addr, 2, 15).await;

@@ -103,7 +103,7 @@ impl BodyPool {
 
     /// A buffer of at least `len` bytes (`len` within [`MIN_POOLED`]..=[`MAX_POOLED`]); its
     /// content is whatever an earlier body left there.
-    pub fn take(self: &Arc<Self>, len: usize) -> PooledBuf {
+    pub(crate) fn take(self: &Arc<Self>, len: usize) -> PooledBuf {
         debug_assert!(Self::pools(len));
         let cap = Self::footprint(len);
         let kept = {
@@ -169,7 +169,7 @@ impl BodyPool {
 /// A buffer from a [`BodyPool`], returned to it when dropped. Fill it through
 /// [`PooledBuf::bytes_mut`], then make it a [`Bytes`] with [`PooledBuf::freeze`].
 #[derive(Debug)]
-pub struct PooledBuf {
+pub(crate) struct PooledBuf {
     buf: Option<Box<[u8]>>,
     len: usize,
     pool: Arc<BodyPool>,

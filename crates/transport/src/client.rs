@@ -9,9 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use sluice_proto::frame::{HANDSHAKE_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES};
 use sluice_proto::message::{Handshake, Pong, FEATURE_CRC32C, MAGIC, PROTOCOL_VERSION};
-use sluice_proto::{encode_frame, ErrorCode, Message};
+use sluice_proto::{
+    encode_frame, ErrorCode, Message, HANDSHAKE_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES,
+};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpSocket;
 use tokio::sync::oneshot;
@@ -30,7 +31,9 @@ use crate::stats::TransportStats;
 /// the like are replies too.
 #[derive(Debug, Clone)]
 pub struct Reply {
+    /// The decoded response message.
     pub message: Message,
+    /// The response body (a fetched chunk's bytes); empty when the message has none.
     pub body: Bytes,
 }
 

@@ -5,8 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use sluice_proto::frame::Header;
-use sluice_proto::{Message, HEADER_LEN};
+use sluice_proto::{Header, Message, HEADER_LEN};
 use tokio::io::AsyncReadExt;
 use tokio::net::tcp::OwnedReadHalf;
 

@@ -2,7 +2,7 @@
 //! the field names, and a `validate()` that says what is wrong.
 
 use serde::Deserialize;
-use sluice_proto::frame::{DEFAULT_MAX_FRAME_BYTES, MAX_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES};
+use sluice_proto::{DEFAULT_MAX_FRAME_BYTES, MAX_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES};
 
 use crate::error::TransportError;
 

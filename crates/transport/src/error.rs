@@ -14,19 +14,31 @@ pub enum TransportError {
     /// The TCP connection could not be opened.
     #[error("connecting to {addr}: {source}")]
     Connect {
+        /// The peer we tried.
         addr: SocketAddr,
+        /// Why the connect failed (refused, unreachable, …).
         #[source]
         source: std::io::Error,
     },
     /// No answer (or no progress) within the configured time.
     #[error("{what} timed out after {after_ms} ms")]
-    Timeout { what: &'static str, after_ms: u64 },
+    Timeout {
+        /// What took too long (a request, the connect and handshake, a stalled read or write).
+        what: &'static str,
+        /// The limit that passed, in milliseconds.
+        after_ms: u64,
+    },
     /// The connection is closed; every request still pending on it failed with this.
     #[error("connection closed: {0}")]
     Closed(String),
     /// The peer answered with an `Error` frame.
     #[error("remote error {code}: {message}")]
-    Remote { code: ErrorCode, message: String },
+    Remote {
+        /// The code the peer sent; [`ErrorCode::is_retriable`] says whether to try again.
+        code: ErrorCode,
+        /// The peer's text, for logs.
+        message: String,
+    },
     /// The peer sent bytes that do not decode (its fault).
     #[error("protocol error: {0}")]
     Proto(#[from] ProtoError),
@@ -37,7 +49,14 @@ pub enum TransportError {
     /// A file body's file is shorter than its region (storage's fault): detected before its frame
     /// started (the requester gets `DATA_LOST`) or mid-frame (the connection is closed).
     #[error("file region {offset}+{len} runs past the end of the file ({file_len} bytes)")]
-    FileTruncated { offset: u64, len: u64, file_len: u64 },
+    FileTruncated {
+        /// Where the region starts in the file.
+        offset: u64,
+        /// The region's length.
+        len: u64,
+        /// The file's length when the shortfall was seen.
+        file_len: u64,
+    },
     /// An invalid setting.
     #[error("invalid transport config: {0}")]
     Config(String),

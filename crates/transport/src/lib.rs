@@ -5,38 +5,45 @@
 //! many small frames per `writev`, file bodies with `sendfile(2)`, bounded by watermarks.
 //!
 //! ## Layout
-//! - [`config`]: [`ServerConfig`] and [`ClientConfig`] (serde, defaults, `validate()`).
-//! - [`error`]: [`TransportError`], with its wire code and whether a retry can help.
-//! - [`body`]: [`Body`] — empty, memory, or a [`FileRegion`] sent without a user-space copy.
-//! - [`codec`]: [`FrameReader`] — header and fields first, then exactly the body.
-//! - [`outbound`]: the per-connection queue with watermarks and the writer task (`writev`,
-//!   `sendfile`, the copy path).
-//! - [`server`]: [`serve`], the [`Handler`] trait and its request/response types.
-//! - [`client`]: [`Connection`] — request ids, pending table, timeouts.
-//! - [`pool`]: [`Pool`] — N connections per peer, reconnect with backoff.
-//! - [`stats`]: [`TransportStats`] counters.
+//! Every module is private; the API is the list of re-exports below.
+//! - `config`: [`ServerConfig`] and [`ClientConfig`] (serde, defaults, `validate()`).
+//! - `error`: [`TransportError`], with its wire code and whether a retry can help.
+//! - `body`: [`Body`] — empty, memory, or a [`FileRegion`] sent without a user-space copy.
+//! - `body_pool`: [`BodyPool`] — reusable buffers for request bodies, shared by connections.
+//! - `codec`: [`FrameReader`] — header and fields first, then exactly the body.
+//! - `outbound`: [`Outbound`], the per-connection queue of [`OutFrame`]s with watermarks, and
+//!   the writer task (`writev`, `sendfile`, the copy path) set up by [`WriterOptions`].
+//! - `server`: [`serve`], the [`Handler`] trait and its request/response types.
+//! - `client`: [`Connection`] — request ids, pending table, timeouts.
+//! - `pool`: [`Pool`] — N connections per peer, reconnect with backoff.
+//! - `stats`: [`TransportStats`] counters.
 //! - `sys`: the raw `sendfile` / `posix_fadvise` / `pread` calls; `socket`: socket options.
 
-pub mod body;
-pub mod body_pool;
-pub mod client;
-pub mod codec;
-pub mod config;
-pub mod error;
-pub mod outbound;
-pub mod pool;
-pub mod server;
+#![warn(missing_docs)]
+
+mod body;
+mod body_pool;
+mod client;
+mod codec;
+mod config;
+mod error;
+mod outbound;
+mod pool;
+mod server;
 mod socket;
-pub mod stats;
+mod stats;
 mod sys;
 
 pub use body::{Body, FileRegion};
 pub use body_pool::{BodyPool, BodyPoolStats};
 pub use client::{Connection, Reply};
-pub use codec::FrameReader;
 pub use config::{ClientConfig, ServerConfig};
 pub use error::TransportError;
-pub use outbound::{OutFrame, Outbound, WriterOptions};
 pub use pool::Pool;
 pub use server::{serve, Admission, ConnInfo, Handler, Request, Response};
 pub use stats::{StatsSnapshot, TransportStats};
+
+// A connection's two halves on their own, for `sluice bench transport`, which drives the writer
+// and the reader over a bare socket to measure them without a server or client around them.
+pub use codec::FrameReader;
+pub use outbound::{OutFrame, Outbound, WriterOptions};

@@ -4,9 +4,8 @@
 use bytes::{BufMut, BytesMut};
 use serde_json::{json, Value};
 use sluice_proto::batch::put_batch;
-use sluice_proto::frame::{encode_frame, DEFAULT_MAX_FRAME_BYTES, HANDSHAKE_MAX_FRAME_BYTES};
 use sluice_proto::message::*;
-use sluice_proto::ErrorCode;
+use sluice_proto::{encode_frame, ErrorCode, DEFAULT_MAX_FRAME_BYTES, HANDSHAKE_MAX_FRAME_BYTES};
 
 /// One vector: its file bytes and its manifest entry.
 pub struct Case {

@@ -8,8 +8,9 @@ use clap::Args;
 use serde_json::json;
 use sluice_client::ShuffleClient;
 use sluice_proto::message::Assignment;
+use sluice_testkit::Proc;
 
-use crate::cluster::{cpu_seconds, Child, Cluster, ClusterSpec};
+use crate::cluster::{cpu_seconds, Cluster, ClusterSpec};
 use crate::local::{client_for, parse_size};
 use crate::workload::secs;
 
@@ -94,7 +95,7 @@ async fn one_server(
     Ok((cluster, client, a))
 }
 
-fn server(c: &Cluster) -> &Child {
+fn server(c: &Cluster) -> &Proc {
     &c.servers[0]
 }
 

@@ -26,11 +26,10 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use bytes::Bytes;
 use serde::Serialize;
-use sluice_proto::frame::DEFAULT_MAX_FRAME_BYTES;
 use sluice_proto::message::{
     ChunkData, FetchChunk, Handshake, Ping, FEATURE_CRC32C, MAGIC, PROTOCOL_VERSION,
 };
-use sluice_proto::{encode_frame, ErrorCode, Message};
+use sluice_proto::{encode_frame, ErrorCode, Message, DEFAULT_MAX_FRAME_BYTES};
 use sluice_transport::{
     serve, Body, ClientConfig, ConnInfo, Connection, FileRegion, FrameReader, Handler, OutFrame,
     Outbound, Request, Response, ServerConfig, TransportStats, WriterOptions,

@@ -1,13 +1,14 @@
 //! Shared harness of the `sluice` integration tests: real `sluice coordinator` / `sluice server`
 //! processes on 127.0.0.1 port 0 (killed on drop), clients wired to them, raw frames, record
 //! payloads that name their map and attempt, `/proc` memory figures and the metrics endpoint.
+//! Starting and watching the processes is `sluice-testkit`'s, shared with `sluice local`; this
+//! file makes its failures test failures.
 //!
 //! Everything that waits is bounded: process start (20 s), registration, metrics scrapes and
 //! every test body (see [`bounded`]).
 #![allow(dead_code)]
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -18,11 +19,12 @@ use bytes::{BufMut, Bytes, BytesMut};
 use sluice_client::{ClientError, ClientOptions, PartitionReader, ShuffleClient};
 use sluice_proto::message::*;
 use sluice_proto::{ErrorCode, Message};
+use sluice_testkit::Launcher;
 use sluice_transport::{Body, ClientConfig, Connection, TransportError};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// How long a child may take to print its address.
-const START_TIMEOUT: Duration = Duration::from_secs(20);
+// Each test binary compiles this file and uses part of it (hence also `dead_code` above).
+#[allow(unused_imports)]
+pub use sluice_testkit::{metric, ServerSpec};
 
 /// Runs a test body with a deadline; a hang becomes a failure that names the test.
 pub async fn bounded<T>(what: &str, secs: u64, f: impl std::future::Future<Output = T>) -> T {
@@ -68,163 +70,36 @@ pub fn sluice_bin() -> &'static str {
     env!("CARGO_BIN_EXE_sluice")
 }
 
-/// A child `sluice` process, SIGKILLed and reaped on drop.
-pub struct Proc {
-    child: Option<std::process::Child>,
-    pid: u32,
-    /// The protocol address it printed (`listening on ADDR`).
-    pub addr: SocketAddr,
-    /// The metrics address it printed (`metrics on ADDR`), when asked for.
-    pub metrics: Option<SocketAddr>,
-    /// Its stderr (logs).
-    pub log: PathBuf,
+/// A child `sluice` process (see [`sluice_testkit::Proc`]: SIGKILLed and reaped on drop, its
+/// stderr in a log file), with the scrape of its metrics endpoint made async.
+pub struct Proc(sluice_testkit::Proc);
+
+impl std::ops::Deref for Proc {
+    type Target = sluice_testkit::Proc;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Proc {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
 }
 
 impl Proc {
-    /// Spawns `sluice ARGS`, logging to `log`, and waits for its address line(s).
-    pub fn spawn(args: &[String], log: &Path) -> Proc {
-        let want_metrics = args.iter().any(|a| a == "--metrics-listen");
-        let log_file = std::fs::File::create(log).expect("creating the child's log file");
-        let mut child = Command::new(sluice_bin())
-            .args(args)
-            .env("RUST_LOG", std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "info".into()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log_file)
-            .spawn()
-            .expect("spawning sluice");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = std::sync::mpsc::channel::<(bool, String)>();
-        std::thread::spawn(move || {
-            // Keeps draining stdout for the child's whole life.
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(a) = line.strip_prefix("listening on ") {
-                    let _ = tx.send((false, a.trim().to_owned()));
-                } else if let Some(a) = line.strip_prefix("metrics on ") {
-                    let _ = tx.send((true, a.trim().to_owned()));
-                }
-            }
-        });
-        let pid = child.id();
-        let mut proc = Proc {
-            child: Some(child),
-            pid,
-            addr: ([0, 0, 0, 0], 0).into(),
-            metrics: None,
-            log: log.to_owned(),
-        };
-        let deadline = std::time::Instant::now() + START_TIMEOUT;
-        let mut have_addr = false;
-        while !have_addr || (want_metrics && proc.metrics.is_none()) {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match rx.recv_timeout(left) {
-                Ok((false, a)) => {
-                    proc.addr = a.parse().expect("child address");
-                    have_addr = true;
-                }
-                Ok((true, a)) => proc.metrics = Some(a.parse().expect("metrics address")),
-                Err(_) => panic!(
-                    "sluice {} did not print its address within {START_TIMEOUT:?}; log:\n{}",
-                    args.join(" "),
-                    proc.log_text()
-                ),
-            }
-        }
-        proc
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.pid
-    }
-
-    /// SIGKILL and reap (idempotent).
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// Whether the process is still running.
-    pub fn is_running(&mut self) -> bool {
-        match &mut self.child {
-            Some(c) => matches!(c.try_wait(), Ok(None)),
-            None => false,
-        }
-    }
-
-    /// Peak resident set (VmHWM) in bytes.
-    pub fn peak_rss_bytes(&self) -> u64 {
-        proc_status_kib(self.pid, "VmHWM:") * 1024
-    }
-
-    /// Whether the kernel may back the child's memory with transparent huge pages
-    /// (`THP_enabled` in /proc/PID/status); `None` when the kernel does not say.
-    pub fn thp_enabled(&self) -> Option<bool> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
-        let line = status.lines().find(|l| l.starts_with("THP_enabled:"))?;
-        Some(line.split_whitespace().nth(1)? != "0")
-    }
-
-    /// The child's stderr so far.
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Scrapes the child's metrics endpoint.
+    /// Scrapes the child's metrics endpoint (bounded to 5 s).
     pub async fn metrics(&self) -> HashMap<String, f64> {
-        scrape(self.metrics.expect("started with --metrics-listen")).await
+        let addr = self.0.metrics.expect("started with --metrics-listen");
+        let scrape = move || sluice_testkit::scrape(addr, Duration::from_secs(5));
+        let m = tokio::task::spawn_blocking(scrape).await.expect("the scrape task");
+        m.unwrap_or_else(|e| panic!("metrics scrape: {e}"))
     }
 }
 
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// A `/proc/<pid>/status` field in KiB (0 when unreadable).
-pub fn proc_status_kib(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(key))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// `GET /metrics` → `name → value` (comments skipped). Bounded to 5 s.
-pub async fn scrape(addr: SocketAddr) -> HashMap<String, f64> {
-    let text = bounded("metrics scrape", 5, async {
-        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connecting to metrics");
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").await.expect("metrics request");
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.expect("metrics response");
-        out
-    })
-    .await;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-    body.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.trim().to_owned(), v.trim().parse().ok()?))
-        })
-        .collect()
-}
-
-/// A metric's value (0 when absent).
-pub fn metric(m: &HashMap<String, f64>, name: &str) -> f64 {
-    m.get(name).copied().unwrap_or(0.0)
-}
-
-/// Per-test scratch: a temporary directory for logs and data directories.
-pub struct Scratch {
-    pub dir: tempfile::TempDir,
-    n: std::sync::atomic::AtomicUsize,
-}
+/// Per-test scratch: a temporary directory for logs and data directories, and the children
+/// that use it (a failure to start one fails the test, with its log).
+pub struct Scratch(Launcher);
 
 impl Default for Scratch {
     fn default() -> Self {
@@ -234,97 +109,38 @@ impl Default for Scratch {
 
 impl Scratch {
     pub fn new() -> Scratch {
-        Scratch {
-            dir: tempfile::Builder::new().prefix("sluice-it-").tempdir().expect("tempdir"),
-            n: Default::default(),
-        }
+        let launcher = Launcher::new(sluice_bin(), "sluice-it-", None).expect("tempdir");
+        let filter = std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "info".into());
+        Scratch(launcher.log_to_files(filter))
     }
 
     pub fn path(&self) -> &Path {
-        self.dir.path()
+        self.0.path()
     }
 
-    fn log(&self, name: &str) -> PathBuf {
-        let n = self.n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.path().join(format!("{name}-{n}.log"))
+    /// `sluice ARGS`, its log named after `name`.
+    pub fn spawn(&self, name: &str, args: &[String]) -> Proc {
+        started(self.0.spawn(name, args))
     }
 
     /// `sluice coordinator --listen LISTEN`.
     pub fn coordinator_on(&self, listen: &str) -> Proc {
-        let args = ["coordinator", "--listen", listen].map(String::from);
-        Proc::spawn(&args, &self.log("coordinator"))
+        started(self.0.coordinator_on(listen))
     }
 
     /// `sluice coordinator --listen 127.0.0.1:0`.
     pub fn coordinator(&self) -> Proc {
-        self.coordinator_on("127.0.0.1:0")
+        started(self.0.coordinator())
     }
 
     /// `sluice server` as described by `spec`.
     pub fn server(&self, spec: &ServerSpec) -> Proc {
-        let listen = spec.listen.map_or("127.0.0.1:0".to_owned(), |a| a.to_string());
-        let mut args: Vec<String> = vec!["server".into(), "--listen".into(), listen];
-        let dirs = if spec.data_dirs.is_empty() {
-            let n = self.n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            vec![self.path().join(format!("data-{n}"))]
-        } else {
-            spec.data_dirs.clone()
-        };
-        for d in dirs {
-            args.push("--data-dir".into());
-            args.push(d.display().to_string());
-        }
-        args.push("--memory-budget-bytes".into());
-        args.push(spec.memory_budget_bytes.to_string());
-        if let Some(c) = spec.coordinator {
-            args.push("--coordinator".into());
-            args.push(c.to_string());
-        }
-        if spec.metrics {
-            args.push("--metrics-listen".into());
-            args.push("127.0.0.1:0".into());
-        }
-        args.push("--set".into());
-        args.push("heartbeat_interval_ms=200".into());
-        for s in &spec.sets {
-            args.push("--set".into());
-            args.push(s.clone());
-        }
-        Proc::spawn(&args, &self.log("server"))
+        started(self.0.server(spec))
     }
 }
 
-/// How to start a server.
-#[derive(Clone, Debug)]
-pub struct ServerSpec {
-    /// Empty: one fresh directory under the scratch directory.
-    pub data_dirs: Vec<PathBuf>,
-    pub memory_budget_bytes: u64,
-    pub coordinator: Option<SocketAddr>,
-    pub metrics: bool,
-    /// `--set key=value` entries.
-    pub sets: Vec<String>,
-    /// `None`: a free port.
-    pub listen: Option<SocketAddr>,
-}
-
-impl Default for ServerSpec {
-    fn default() -> Self {
-        ServerSpec {
-            data_dirs: Vec::new(),
-            memory_budget_bytes: 64 << 20,
-            coordinator: None,
-            metrics: false,
-            sets: Vec::new(),
-            listen: None,
-        }
-    }
-}
-
-impl ServerSpec {
-    pub fn with_coordinator(c: SocketAddr) -> Self {
-        ServerSpec { coordinator: Some(c), ..Default::default() }
-    }
+fn started(p: anyhow::Result<sluice_testkit::Proc>) -> Proc {
+    Proc(p.unwrap_or_else(|e| panic!("{e:#}")))
 }
 
 /// Client transport settings for tests: short connect timeout and back-offs, a request timeout
@@ -393,32 +209,9 @@ pub fn code<T: std::fmt::Debug>(r: Result<T, ClientError>) -> ErrorCode {
 
 /// Waits (≤ `secs`) until the coordinator assigns over `n` servers (they have registered).
 pub async fn wait_registered(coordinator: SocketAddr, n: usize, secs: u64) {
-    let probe = format!("probe-{}", std::process::id());
-    let start = std::time::Instant::now();
-    loop {
-        if let Ok(conn) = Connection::connect(coordinator, &test_transport()).await {
-            let reg = RegisterShuffle {
-                app_id: probe.clone(),
-                shuffle_id: u32::MAX,
-                num_maps: 1,
-                num_partitions: (n * 8) as u32,
-                replication: 1,
-            };
-            let got = call(&conn, reg).await;
-            let _ = call(&conn, UnregisterShuffle { app_id: probe.clone(), shuffle_id: u32::MAX })
-                .await;
-            if let Ok(Message::Assignment(a)) = got {
-                if a.servers.len() == n {
-                    let _ = call(&conn, UnregisterApp { app_id: probe.clone() }).await;
-                    return;
-                }
-            }
-        }
-        if start.elapsed() > Duration::from_secs(secs) {
-            panic!("{n} servers did not register with {coordinator} within {secs} s");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let limit = Duration::from_secs(secs);
+    let ready = sluice_testkit::wait_registered(coordinator, n, limit, &test_transport()).await;
+    ready.unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// An assignment made by hand (no coordinator): partition `p` on server `p % servers`.
