@@ -362,7 +362,7 @@ impl ShuffleClient {
         for (p, loc) in a.partitions.iter().enumerate() {
             if writer::servers_of(loc).all(|s| failed[s].is_some()) {
                 return Err(copies_lost(p as u32, writer::servers_of(loc), &addrs, |s| {
-                    failed[s].as_ref().map(|e| (e.code(), e.to_string()))
+                    failed[s].as_ref().map(ServerFailure::of)
                 }));
             }
         }
@@ -432,18 +432,31 @@ impl ShuffleClient {
 
 /// The error for partition `p` once every server in `servers` failed; `why(s)` is server
 /// `s`'s failure (code and text).
+/// Why a copy's server was given up: the error's wire code and text.
+#[derive(Debug, Clone)]
+pub(crate) struct ServerFailure {
+    code: ErrorCode,
+    text: String,
+}
+
+impl ServerFailure {
+    pub(crate) fn of(e: &ClientError) -> ServerFailure {
+        ServerFailure { code: e.code(), text: e.to_string() }
+    }
+}
+
 pub(crate) fn copies_lost(
     partition: u32,
     servers: impl Iterator<Item = usize>,
     addrs: &[SocketAddr],
-    why: impl Fn(usize) -> Option<(ErrorCode, String)>,
+    why: impl Fn(usize) -> Option<ServerFailure>,
 ) -> ClientError {
     let mut code = ErrorCode::Internal;
     let mut failures = Vec::new();
     for s in servers {
-        if let Some((c, text)) = why(s) {
-            code = c;
-            failures.push(format!("{}: {text}", addrs[s]));
+        if let Some(f) = why(s) {
+            code = f.code;
+            failures.push(format!("{}: {}", addrs[s], f.text));
         }
     }
     ClientError::CopiesLost { partition, failures: failures.join("; "), code }

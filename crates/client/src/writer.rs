@@ -19,7 +19,9 @@ use sluice_transport::Body;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
-use crate::{backoff, copies_lost, expect_ok, server_addrs, ClientError, ShuffleClient};
+use crate::{
+    backoff, copies_lost, expect_ok, server_addrs, ClientError, ServerFailure, ShuffleClient,
+};
 
 /// Batches below this size are merged with others into a `PushMerged` frame; larger ones go out
 /// alone as `Push`, so their bytes are never copied again.
@@ -49,7 +51,7 @@ pub struct ShuffleWriter {
     /// Whether some partition has a replica: only then may the writer give up on a server.
     replicated: bool,
     /// Per server: why the writer gave up on it (code, text); `None` while it is live.
-    given_up: Vec<Option<(ErrorCode, String)>>,
+    given_up: Vec<Option<ServerFailure>>,
     /// Per server: flips to `true` when the writer gives up on it, so its pushes still in
     /// flight stop retrying at once instead of holding in-flight bytes through their back-offs.
     given_up_tx: Vec<watch::Sender<bool>>,
@@ -271,7 +273,7 @@ impl ShuffleWriter {
             error = %e,
             "server failed; this map attempt goes on with the other copy of its partitions"
         );
-        self.given_up[server] = Some((e.code(), e.to_string()));
+        self.given_up[server] = Some(ServerFailure::of(&e));
         self.given_up_tx[server].send_replace(true);
         self.merged[server] = Merged::default();
         for p in 0..self.next_batch.len() {

@@ -135,7 +135,13 @@ pub struct Coordinator {
     view: Mutex<View>,
 }
 
-type Failure = (ErrorCode, String);
+/// A refused request: the `Error` message its requester gets.
+type Refused = Message;
+
+/// The `Error` reply with wire code `code`.
+fn refuse(code: ErrorCode, text: impl Into<String>) -> Refused {
+    Message::error(code, text)
+}
 
 impl Coordinator {
     /// A coordinator that knows no server, application or shuffle yet; fails when `config`
@@ -158,7 +164,7 @@ impl Coordinator {
     /// Applies one request and returns the reply (an `Error` message for a refusal). No I/O:
     /// [`Self::serve`] calls it for each request, and tests call it directly.
     pub fn handle(&self, msg: Message) -> Message {
-        let result: Result<Message, Failure> = match msg {
+        let result: Result<Message, Refused> = match msg {
             Message::Ping(_) => Ok(Pong {}.into()),
             Message::RegisterServer(r) => {
                 self.server_seen(
@@ -202,7 +208,7 @@ impl Coordinator {
             Message::GetAssignment(g) => {
                 match self.view.lock().shuffles.get(&(g.app_id.clone(), g.shuffle_id)) {
                     Some(a) => Ok(a.clone().into()),
-                    None => Err((
+                    None => Err(refuse(
                         ErrorCode::UnknownShuffle,
                         format!("shuffle {} of {} is not registered here", g.shuffle_id, g.app_id),
                     )),
@@ -212,12 +218,12 @@ impl Coordinator {
                 self.view.lock().shuffles.remove(&(u.app_id, u.shuffle_id));
                 Ok(OkMsg {}.into())
             }
-            other => Err((
+            other => Err(refuse(
                 ErrorCode::InvalidRequest,
                 format!("a coordinator does not take {}", other.msg_type().name()),
             )),
         };
-        result.unwrap_or_else(|(code, text)| Message::error(code, text))
+        result.unwrap_or_else(|refused| refused)
     }
 
     fn server_seen(&self, addr: ServerAddr, update: impl FnOnce(&mut ServerInfo)) {
@@ -246,7 +252,7 @@ impl Coordinator {
         OkMsg {}.into()
     }
 
-    fn register_shuffle(&self, r: RegisterShuffle) -> Result<Message, Failure> {
+    fn register_shuffle(&self, r: RegisterShuffle) -> Result<Message, Refused> {
         let key = (r.app_id.clone(), r.shuffle_id);
         if let Some(a) = self.view.lock().shuffles.get(&key) {
             if a.partitions.len() as u32 == r.num_partitions {
@@ -261,7 +267,7 @@ impl Coordinator {
         let mut live: Vec<ServerInfo> =
             v.servers.values().filter(|s| s.last_seen.elapsed() < timeout).cloned().collect();
         if live.is_empty() {
-            return Err((ErrorCode::NoServers, "no live shuffle server is registered".into()));
+            return Err(refuse(ErrorCode::NoServers, "no live shuffle server is registered"));
         }
         // Servers with no disk left are skipped while another has room (with none, the servers
         // refuse the pushes with a clear error).

@@ -117,8 +117,11 @@ pub fn check(buf: &[u8], max_frame_bytes: u32) -> Result<Option<Header>, ProtoEr
 /// A decoded frame. The body shares the receive buffer's memory (no copy).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Frame {
+    /// The sender's id for the request; a response carries its request's id.
     pub request_id: u32,
+    /// The decoded message fields.
     pub message: Message,
+    /// The opaque body after the fields (a push's batches, a chunk's bytes), possibly empty.
     pub body: Bytes,
 }
 

@@ -25,12 +25,7 @@ mod wire;
 // checks, CRC32C) is one layer of its own, and `batch::put_batch`, `batch::crc32c` say which
 // layer they belong to better than the crate root would.
 pub mod batch;
-// Hidden and kept public only because `crates/server` and the transport's `server/connection.rs`
-// still name `frame::encode_frame` and `frame::HANDSHAKE_MAX_FRAME_BYTES`; both are being
-// rewritten elsewhere. The API is the re-exports below; once those paths move to them this
-// becomes `mod frame;`.
-#[doc(hidden)]
-pub mod frame;
+mod frame;
 // A namespace: every message struct (dozens of them) and the protocol constants; callers
 // `use sluice_proto::message::*` rather than crowd the crate root with them.
 pub mod message;

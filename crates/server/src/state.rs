@@ -496,6 +496,6 @@ fn chunk_frame_overhead() -> u64 {
     static OVERHEAD: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *OVERHEAD.get_or_init(|| {
         let m = Message::ChunkData(ChunkData { stream_id: u64::MAX, chunk_index: u32::MAX });
-        sluice_proto::frame::encode_frame(u32::MAX, &m, &[]).len() as u64
+        sluice_proto::encode_frame(u32::MAX, &m, &[]).len() as u64
     })
 }

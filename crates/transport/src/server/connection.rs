@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use sluice_proto::frame::{HANDSHAKE_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES};
 use sluice_proto::message::{HandshakeOk, Pong, FEATURE_CRC32C, PROTOCOL_VERSION};
 use sluice_proto::{encode_frame, ErrorCode, Message, MsgType};
+use sluice_proto::{HANDSHAKE_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES};
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
