@@ -9,12 +9,19 @@
 //! - the memory budget's usage equals the reservations of the pushes whose bytes some buffer or
 //!   flush plan still holds (nothing leaks, nothing is freed early);
 //! - every chunk lies inside what was written of its file, and no two chunks overlap;
-//! - a deleted shuffle holds and serves nothing.
+//! - a deleted shuffle holds, records and serves nothing, and never gets a file again;
+//! - a partition is lost only after something that can lose it (a failed write given up, no
+//!   file to be had), and a plan reported lost does lose it;
+//! - after each commit, every chunk lies within its file's end as the commit cuts it.
 //!
-//! On each stream it opens and reads: every byte read is a whole batch with a good CRC, of an
-//! attempt the stream reads; no batch is served twice; every acknowledged batch of an attempt
-//! the stream reads is served unless the partition is reported lost; nothing is served that was
-//! not pushed to the partition.
+//! Each stream it asks for is checked against the model: refused with the right code exactly
+//! when it must be (not committed, no such partition, partition lost, a map of the range with
+//! no `MapperEnd`, a named attempt that did not end or pushed nothing there), and otherwise
+//! reading exactly the attempts the model says (each map's first `MapperEnd`, or the named
+//! ones) with the batch counts they reported. Every byte read is a whole batch with a good CRC,
+//! of an attempt the stream reads; no batch is served twice; every acknowledged batch of those
+//! attempts is served; nothing is served that was not pushed to the partition. Chunk fetches
+//! answer `UNKNOWN_STREAM` exactly for streams closed, expired or of a deleted shuffle.
 //!
 //! Everything is deterministic: no threads, no clock (time is a counter), no files.
 
@@ -97,6 +104,11 @@ pub enum Op {
         /// The chunk.
         chunk: u8,
     },
+    /// A reader closes a stream.
+    CloseStream {
+        /// Index into the streams opened so far.
+        stream: u8,
+    },
     /// The application unregisters the shuffle.
     Unregister,
     /// The disk under the partitions' current files fails (they are not kept), or every
@@ -121,6 +133,8 @@ struct FakeStorage {
     next: std::cell::Cell<u32>,
     /// 0: healthy; 1: current files are not kept; 2: nothing can be opened.
     state: u8,
+    /// The shuffle under its key was deleted (and not registered again): no file may be opened.
+    deleted: std::cell::Cell<bool>,
 }
 
 impl FileSource<FakeFile> for FakeStorage {
@@ -129,6 +143,7 @@ impl FileSource<FakeFile> for FakeStorage {
     }
 
     fn open(&self, _key: &ShuffleKey, _partition: u32, _n: u32) -> Result<FakeFile, String> {
+        assert!(!self.deleted.get(), "a file opened for a deleted shuffle");
         if self.state == 2 {
             return Err("every directory is out (fuzz)".into());
         }
@@ -164,6 +179,9 @@ struct OpenedStream {
     id: u64,
     shuffle: Arc<Shuffle<FakeFile>>,
     chunks: usize,
+    last_used: Instant,
+    /// Closed by the reader, or dropped by an expiry.
+    gone: bool,
 }
 
 /// The core, a fake disk, and a model of what should be there.
@@ -184,8 +202,15 @@ pub struct Harness {
     written: HashMap<FakeFile, BTreeMap<u64, u64>>,
     /// Every batch of the current shuffle, by batch id.
     batches: HashMap<u32, PushedBatch>,
-    /// Map attempts that sent MapperEnd (no more pushes of them).
-    ended: BTreeSet<(u32, u32)>,
+    /// Map attempts that sent MapperEnd (no more pushes of them), with the batch counts per
+    /// partition they reported.
+    ended: BTreeMap<(u32, u32), BTreeMap<u32, u32>>,
+    /// Each map's first attempt to end: the one a stream of winners reads.
+    first_end: BTreeMap<u32, u32>,
+    /// Partitions that something could have lost (a plan reported lost, no file to be had).
+    may_be_lost: Vec<bool>,
+    /// Shuffles deleted, still held to check they hold nothing.
+    deleted: Vec<Arc<Shuffle<FakeFile>>>,
     opened: Vec<OpenedStream>,
     next_push: u64,
     next_batch: u32,
@@ -215,7 +240,10 @@ impl Harness {
             disk: HashMap::new(),
             written: HashMap::new(),
             batches: HashMap::new(),
-            ended: BTreeSet::new(),
+            ended: BTreeMap::new(),
+            first_end: BTreeMap::new(),
+            may_be_lost: Vec::new(),
+            deleted: Vec::new(),
             opened: Vec::new(),
             next_push: 0,
             next_batch: 0,
@@ -255,45 +283,72 @@ impl Harness {
                 self.open_stream(*partition as u32 % (PARTITIONS + 1), start, end, named);
             }
             Op::FetchChunk { stream, chunk } => self.fetch_chunk(*stream as usize, *chunk as u32),
+            Op::CloseStream { stream } => {
+                if !self.opened.is_empty() {
+                    let i = *stream as usize % self.opened.len();
+                    self.streams.close(self.opened[i].id);
+                    self.opened[i].gone = true;
+                }
+            }
             Op::Unregister => self.unregister(),
             Op::Disk { state } => self.storage.state = state % 3,
             Op::Tick { secs } => {
                 self.now += Duration::from_secs(*secs as u64);
                 self.streams.expire(self.now, STREAM_IDLE);
+                let now = self.now;
+                for o in &mut self.opened {
+                    o.gone |= now.saturating_duration_since(o.last_used) >= STREAM_IDLE
+                        || o.shuffle.is_deleted();
+                }
             }
         }
         self.check();
     }
 
-    /// The end of a run: carries out every pending plan, ends every map that has not ended,
-    /// commits, reads every partition back (each acknowledged batch of a winner must come back
-    /// once, unless its partition is lost), unregisters, and checks that all memory came back.
+    /// The end of a run: carries out every pending plan, ends every map that has not ended
+    /// (with the attempt that has the most acknowledged batches), commits until the shuffle is
+    /// readable, reads every partition back (winners, and each ended attempt by name),
+    /// unregisters, and checks that all memory came back.
     pub fn finish(&mut self) {
         self.storage.state = 0;
-        while !self.pending.is_empty() {
-            self.flush_done(0);
-            self.check();
-        }
+        self.drain_pending();
         if let Some(s) = self.shuffle.clone() {
             if s.lifecycle() == Lifecycle::Open {
                 for map in 0..MAPS {
-                    if !self.ended.iter().any(|e| e.0 == map) {
-                        self.mapper_end(map, 0);
+                    if !self.first_end.contains_key(&map) {
+                        let attempt = (0..3)
+                            .max_by_key(|&a| {
+                                let mine =
+                                    |b: &&PushedBatch| b.acked && (b.map, b.attempt) == (map, a);
+                                (self.batches.values().filter(mine).count(), std::cmp::Reverse(a))
+                            })
+                            .unwrap_or(0);
+                        self.mapper_end(map, attempt);
                     }
                 }
+            }
+            while s.lifecycle() != Lifecycle::Readable {
                 self.commit();
-                while !self.pending.is_empty() {
-                    self.flush_done(0);
-                }
-                self.commit();
+                self.drain_pending();
             }
             for p in 0..PARTITIONS + 1 {
                 self.open_stream(p, 0, MAPS, None);
+                let ended: Vec<(u32, u32)> = self.ended.keys().copied().collect();
+                for (map_id, attempt_id) in ended {
+                    self.open_stream(p, 0, MAPS, Some(vec![MapAttempt { map_id, attempt_id }]));
+                }
             }
             self.unregister();
         }
         self.check();
         assert_eq!(self.budget.used(), 0, "memory left reserved after everything was flushed");
+    }
+
+    fn drain_pending(&mut self) {
+        while !self.pending.is_empty() {
+            self.flush_done(0);
+            self.check();
+        }
     }
 
     fn register(&mut self) {
@@ -309,9 +364,30 @@ impl Harness {
         };
         self.apps.register_shuffle(&r, CHUNK_BYTES, self.now).expect("registers");
         self.shuffle = Some(self.apps.shuffle(APP, SHUFFLE).expect("registered"));
+        self.storage.deleted.set(false);
         self.buffered = vec![Vec::new(); PARTITIONS as usize];
+        self.may_be_lost = vec![false; PARTITIONS as usize];
         self.batches.clear();
         self.ended.clear();
+        self.first_end.clear();
+    }
+
+    /// Notes partitions the last operation lost: only possible with no file to be had
+    /// (`no_file`); their buffers are dropped.
+    fn note_newly_lost(&mut self, lost_before: &[bool], no_file: bool) {
+        let Some(s) = self.shuffle.clone() else { return };
+        for p in 0..PARTITIONS as usize {
+            if s.partition(p as u32).unwrap().lost().is_some() && !lost_before[p] {
+                assert!(no_file, "step {}: partition {p} lost with storage healthy", self.step);
+                self.may_be_lost[p] = true;
+                self.buffered[p].clear(); // a lost partition drops its buffer
+            }
+        }
+    }
+
+    fn lost_now(&self) -> Vec<bool> {
+        let Some(s) = &self.shuffle else { return vec![false; PARTITIONS as usize] };
+        (0..PARTITIONS).map(|p| s.partition(p).unwrap().lost().is_some()).collect()
     }
 
     fn push(&mut self, spec: &[(u8, u8, u8, u8, u8)]) {
@@ -325,7 +401,7 @@ impl Harness {
         for &(p, m, a, n, len) in spec.iter().take(8) {
             let (partition, map, attempt) =
                 (p as u32 % (PARTITIONS + 1), m as u32 % MAPS, a as u32 % 3);
-            if self.ended.contains(&(map, attempt)) {
+            if self.ended.contains_key(&(map, attempt)) {
                 continue; // a map attempt pushes nothing after its MapperEnd
             }
             let offset = body.len() as u32;
@@ -355,8 +431,7 @@ impl Harness {
         let id = self.next_push;
         self.next_push += 1;
         self.push_bytes.insert(id, size);
-        let lost_before: Vec<bool> =
-            (0..PARTITIONS).map(|p| shuffle.partition(p).unwrap().lost().is_some()).collect();
+        let lost_before = self.lost_now();
         let pushed = shuffle.push(&sections, &body, Some(reservation), &self.storage);
         // Mirror where the sections went: a plan for a partition takes its whole buffer, before
         // a section is added (when it would overflow the chunk) or after (when full).
@@ -380,12 +455,7 @@ impl Harness {
             }
         }
         assert!(plans.next().is_none(), "step {}: a flush plan the model cannot place", self.step);
-        for p in 0..PARTITIONS {
-            let lost = shuffle.partition(p).unwrap().lost().is_some();
-            if lost && !lost_before[p as usize] {
-                self.buffered[p as usize].clear(); // a lost partition drops its buffer
-            }
-        }
+        self.note_newly_lost(&lost_before, self.storage.state == 2);
         match pushed.result {
             Ok(()) => {
                 assert_eq!(pushed.stored, sections.len());
@@ -421,7 +491,11 @@ impl Harness {
     fn flush_done(&mut self, which: usize) {
         let Some((shuffle, mut plan, _pushes)) = self.take_pending(which) else { return };
         if shuffle.is_deleted() {
-            shuffle.flushed(plan, FlushOutcome::Dropped);
+            // Deleted meanwhile: the writer may skip the write, or report one that raced the
+            // deletion; either way nothing may be recorded.
+            let outcome =
+                if which % 2 == 0 { FlushOutcome::Written } else { FlushOutcome::Dropped };
+            shuffle.flushed(plan, outcome);
             return;
         }
         let (file, offset) = (*plan.file(), plan.offset());
@@ -457,22 +531,19 @@ impl Harness {
             self.pending.push((shuffle, plan, pushes));
             return;
         }
+        let pid = plan.partition();
         shuffle.flushed(plan, FlushOutcome::Lost("write failed (fuzz)".into()));
-        self.drop_lost_buffers();
-    }
-
-    /// A partition that became lost dropped its buffer.
-    fn drop_lost_buffers(&mut self) {
-        let Some(s) = &self.shuffle else { return };
-        for p in 0..PARTITIONS {
-            if s.partition(p).unwrap().lost().is_some() {
-                self.buffered[p as usize].clear();
-            }
+        if self.shuffle.as_ref().is_some_and(|s| Arc::ptr_eq(s, &shuffle)) {
+            let lost = shuffle.partition(pid).unwrap().lost().is_some();
+            assert!(lost, "step {}: a plan reported lost did not lose its partition", self.step);
+            self.may_be_lost[pid as usize] = true;
+            self.buffered[pid as usize].clear();
         }
     }
 
     fn relieve(&mut self, pid: u32) {
         let Some(shuffle) = self.shuffle.clone() else { return };
+        let lost_before = self.lost_now();
         match shuffle.take_flush(pid, &self.storage) {
             Ok(Some(plan)) => {
                 assert_eq!(plan.bytes(), held_bytes(&self.buffered[pid as usize]));
@@ -480,8 +551,9 @@ impl Harness {
                 self.pending.push((shuffle, plan, pushes));
             }
             Ok(None) => {}
-            Err(_) => self.drop_lost_buffers(),
+            Err(r) => assert_eq!(r.code(), ErrorCode::StorageUnavailable, "step {}", self.step),
         }
+        self.note_newly_lost(&lost_before, self.storage.state == 2);
     }
 
     fn mapper_end(&mut self, map: u32, attempt: u32) {
@@ -490,14 +562,24 @@ impl Harness {
         for b in self.batches.values().filter(|b| b.acked && (b.map, b.attempt) == (map, attempt)) {
             *counts.entry(b.partition).or_default() += 1;
         }
-        let counts: Vec<(u32, u32)> = counts.into_iter().collect();
-        match shuffle.mapper_end(map, attempt, &counts) {
-            Ok(_) => {
-                self.ended.insert((map, attempt));
+        let list: Vec<(u32, u32)> = counts.iter().map(|(p, n)| (*p, *n)).collect();
+        let open = shuffle.lifecycle() == Lifecycle::Open;
+        match shuffle.mapper_end(map, attempt, &list) {
+            Ok((winner, _)) => {
+                assert!(map < MAPS, "step {}: MapperEnd of map {map} taken", self.step);
+                assert!(
+                    open || self.first_end.contains_key(&map),
+                    "step {}: a first end after the commit",
+                    self.step
+                );
+                let first = *self.first_end.entry(map).or_insert(attempt);
+                assert_eq!(winner, first, "step {}: the winner is the first to end", self.step);
+                // A repeated MapperEnd changes nothing; at most 64 later attempts are kept.
+                self.ended.entry((map, attempt)).or_insert(counts);
             }
             Err(r) => assert!(
-                map >= MAPS || shuffle.lifecycle() != Lifecycle::Open,
-                "step {}: MapperEnd refused on an open shuffle: {r}",
+                map >= MAPS || (!open && !self.first_end.contains_key(&map)),
+                "step {}: MapperEnd refused: {r}",
                 self.step
             ),
         }
@@ -505,20 +587,22 @@ impl Harness {
 
     fn commit(&mut self) {
         let Some(shuffle) = self.shuffle.clone() else { return };
+        let lost_before = self.lost_now();
         match shuffle.begin_commit(&self.storage) {
-            Ok(plans) => {
-                for plan in plans {
+            Ok(begun) => {
+                for plan in begun.flushes {
                     let p = plan.partition() as usize;
                     assert_eq!(plan.bytes(), held_bytes(&self.buffered[p]));
                     let pushes = self.buffered[p].drain(..).map(|x| x.0).collect();
                     self.pending.push((shuffle.clone(), plan, pushes));
                 }
-                self.drop_lost_buffers();
+                assert_eq!(begun.lost.is_empty(), self.lost_now() == lost_before);
+                self.note_newly_lost(&lost_before, self.storage.state == 2);
             }
             Err(r) => panic!("step {}: commit of a registered shuffle refused: {r}", self.step),
         }
         if shuffle.flushes_in_flight() == 0 {
-            let lost = (0..PARTITIONS).any(|p| shuffle.partition(p).unwrap().lost().is_some());
+            let lost = self.lost_now().contains(&true);
             match shuffle.finish_commit() {
                 Ok(sizes) => {
                     assert!(!lost, "step {}: a commit with a lost partition succeeded", self.step);
@@ -527,13 +611,66 @@ impl Harness {
                         let sum: u64 = p.chunks().iter().map(|c| c.len()).sum();
                         assert_eq!(sum, s.bytes, "step {}: reported size", self.step);
                     }
-                    assert_eq!(shuffle.lifecycle(), Lifecycle::Readable);
                 }
                 Err(r) => {
                     assert!(lost && r.code() == ErrorCode::StorageFailed, "step {}: {r}", self.step)
                 }
             }
+            assert_eq!(shuffle.lifecycle(), Lifecycle::Readable);
+            // What the commit cuts each file to keeps every chunk in it.
+            let ends: HashMap<FakeFile, u64> = shuffle.file_ends().into_iter().collect();
+            for pid in 0..PARTITIONS {
+                let p = shuffle.partition(pid).unwrap();
+                for c in p.chunks() {
+                    let f = p.file(c.file()).unwrap();
+                    let end = ends.get(f).copied().unwrap_or(0);
+                    assert!(c.padded_end() <= end, "step {}: a cut would cut a chunk", self.step);
+                }
+            }
         }
+    }
+
+    /// What the model says a stream of `o` must get: the attempts it reads with their batch
+    /// counts, or the code it must be refused with.
+    fn expected_stream(
+        &self,
+        shuffle: &Shuffle<FakeFile>,
+        o: &OpenStream,
+    ) -> Result<Vec<(u32, u32, u32)>, ErrorCode> {
+        if shuffle.lifecycle() != Lifecycle::Readable {
+            return Err(ErrorCode::ShuffleNotCommitted);
+        }
+        let p = o.partition_id;
+        if p >= PARTITIONS {
+            return Err(ErrorCode::InvalidRequest);
+        }
+        if shuffle.partition(p).unwrap().lost().is_some() {
+            assert!(
+                self.may_be_lost[p as usize],
+                "step {}: partition {p} lost for nothing",
+                self.step
+            );
+            return Err(ErrorCode::DataLost);
+        }
+        let count = |map: u32, attempt: u32| {
+            self.ended.get(&(map, attempt)).map(|c| c.get(&p).copied().unwrap_or(0))
+        };
+        if o.attempts.is_empty() {
+            if (o.map_start..o.map_end.min(MAPS)).any(|m| !self.first_end.contains_key(&m)) {
+                return Err(ErrorCode::DataLost);
+            }
+            let reads =
+                self.first_end.iter().filter(|(m, _)| (o.map_start..o.map_end).contains(*m));
+            let with = reads.map(|(&m, &a)| (m, a, count(m, a).unwrap_or(0)));
+            return Ok(with.filter(|x| x.2 > 0).collect());
+        }
+        o.attempts
+            .iter()
+            .map(|a| match count(a.map_id, a.attempt_id) {
+                Some(n) if n > 0 => Ok((a.map_id, a.attempt_id, n)),
+                _ => Err(ErrorCode::DataLost),
+            })
+            .collect()
     }
 
     fn open_stream(
@@ -553,23 +690,22 @@ impl Harness {
             attempts: named.clone().unwrap_or_default(),
         };
         let body = |f: &FakeFile, r: &[ByteRange]| Served { file: *f, ranges: r.to_vec() };
-        let (chunks, committed) = match shuffle.open_stream(&o, body) {
-            Ok(x) => x,
-            Err(r) => {
-                let readable = shuffle.lifecycle() == Lifecycle::Readable;
-                let ok = !readable
-                    || partition >= PARTITIONS
-                    || matches!(r.code(), ErrorCode::DataLost | ErrorCode::InvalidRequest);
-                assert!(ok, "step {}: stream refused on a readable shuffle: {r}", self.step);
+        let expected = self.expected_stream(&shuffle, &o);
+        let (chunks, committed) = match (shuffle.open_stream(&o, body), expected) {
+            (Ok(x), Ok(want)) => {
+                let got: Vec<_> = x.1.iter().map(|c| (c.map_id, c.attempt_id, c.batches)).collect();
+                assert_eq!(got, want, "step {}: the attempts a stream reads", self.step);
+                x
+            }
+            (Err(r), Err(code)) => {
+                assert_eq!(r.code(), code, "step {}: refused with {r}", self.step);
                 return;
             }
+            (Ok(_), Err(code)) => {
+                panic!("step {}: a stream opened that must fail with {code}", self.step)
+            }
+            (Err(r), Ok(_)) => panic!("step {}: a stream refused that must open: {r}", self.step),
         };
-        assert_eq!(
-            shuffle.lifecycle(),
-            Lifecycle::Readable,
-            "step {}: a stream before the commit",
-            self.step
-        );
         let reads: BTreeMap<u32, (u32, u32)> =
             committed.iter().map(|c| (c.map_id, (c.attempt_id, c.batches))).collect();
         let mut seen: BTreeSet<u32> = BTreeSet::new();
@@ -615,7 +751,14 @@ impl Harness {
             assert_eq!(batches as usize, acked.len(), "step {}: MapperEnd counts", self.step);
         }
         let id = self.streams.open(shuffle.clone(), chunks.clone(), self.now);
-        self.opened.push(OpenedStream { id, shuffle, chunks: chunks.len() });
+        let now = self.now;
+        self.opened.push(OpenedStream {
+            id,
+            shuffle,
+            chunks: chunks.len(),
+            last_used: now,
+            gone: false,
+        });
     }
 
     /// The batches of a served chunk, read off the fake disk; each must parse with a good CRC.
@@ -650,34 +793,33 @@ impl Harness {
         if self.opened.is_empty() {
             return;
         }
-        let s = &self.opened[stream % self.opened.len()];
-        match self.streams.fetch(s.id, chunk, self.now) {
+        let i = stream % self.opened.len();
+        let (id, now) = (self.opened[i].id, self.now);
+        let s = &self.opened[i];
+        let gone = s.gone || s.shuffle.is_deleted();
+        match self.streams.fetch(id, chunk, now) {
             Ok(served) => {
-                assert!(
-                    !s.shuffle.is_deleted(),
-                    "step {}: a deleted shuffle served a chunk",
-                    self.step
-                );
-                assert!((chunk as usize) < s.chunks);
+                assert!(!gone, "step {}: a closed, expired or deleted stream served", self.step);
+                assert!((chunk as usize) < s.chunks, "step {}: chunk past the stream", self.step);
                 let _ = self.read(&served);
+                self.opened[i].last_used = now;
             }
-            Err(r) => assert!(
-                s.shuffle.is_deleted()
-                    || chunk as usize >= s.chunks
-                    || r.code() == ErrorCode::UnknownStream,
-                "step {}: fetch refused: {r}",
-                self.step
-            ),
+            Err(r) if gone => assert_eq!(r.code(), ErrorCode::UnknownStream, "step {}", self.step),
+            Err(r) => {
+                assert!(chunk as usize >= s.chunks, "step {}: fetch refused: {r}", self.step);
+                assert_eq!(r.code(), ErrorCode::ChunkOutOfRange, "step {}", self.step);
+            }
         }
     }
 
     fn unregister(&mut self) {
-        if self.shuffle.take().is_none() {
-            return;
-        }
+        let Some(s) = self.shuffle.take() else { return };
         let deleted = self.apps.unregister_shuffle(APP, SHUFFLE).expect("the app is known");
-        assert!(deleted.is_some(), "step {}: the shuffle was registered", self.step);
+        let deleted = deleted.expect("the shuffle was registered");
+        assert_eq!(deleted.key, *s.key());
+        self.storage.deleted.set(true);
         self.buffered.iter_mut().for_each(Vec::clear);
+        self.deleted.push(s);
     }
 
     /// The invariants that hold after every step.
@@ -693,12 +835,8 @@ impl Harness {
             want,
             "step {step}: memory accounted vs held by buffers and plans"
         );
-        let in_flight = self
-            .pending
-            .iter()
-            .filter(|p| self.shuffle.as_ref().is_some_and(|s| Arc::ptr_eq(s, &p.0)))
-            .count();
         if let Some(s) = &self.shuffle {
+            let in_flight = self.pending.iter().filter(|p| Arc::ptr_eq(s, &p.0)).count();
             assert_eq!(s.flushes_in_flight(), in_flight as u64, "step {step}: flushes in flight");
             for pid in 0..PARTITIONS {
                 let p = s.partition(pid).unwrap();
@@ -706,6 +844,10 @@ impl Harness {
                     p.buffered_bytes(),
                     held_bytes(&self.buffered[pid as usize]),
                     "step {step}: partition {pid} buffer"
+                );
+                assert!(
+                    p.lost().is_none() || self.may_be_lost[pid as usize],
+                    "step {step}: partition {pid} lost for nothing"
                 );
                 // The chunk index points only at written regions, and no two chunks overlap.
                 let mut regions: BTreeMap<(FakeFile, u64), u64> = BTreeMap::new();
@@ -728,15 +870,13 @@ impl Harness {
                 }
             }
         }
-        for o in &self.opened {
-            if o.shuffle.is_deleted() {
-                for pid in 0..PARTITIONS {
-                    let p = o.shuffle.partition(pid).unwrap();
-                    assert!(
-                        p.chunks().is_empty() && p.buffered_bytes() == 0,
-                        "step {step}: a deleted shuffle holds data"
-                    );
-                }
+        // A deleted shuffle holds nothing: no buffer, no chunk, no file.
+        for s in &self.deleted {
+            assert_eq!(s.lifecycle(), Lifecycle::Deleted, "step {step}");
+            for pid in 0..PARTITIONS {
+                let p = s.partition(pid).unwrap();
+                let empty = p.chunks().is_empty() && p.buffered_bytes() == 0 && p.file(0).is_none();
+                assert!(empty, "step {step}: a deleted shuffle holds data");
             }
         }
     }

@@ -366,8 +366,11 @@ impl ServerState {
     async fn commit(&self, app_id: &str, shuffle_id: u32) -> Result<Response, Refusal> {
         let shuffle = self.apps.shuffle(app_id, shuffle_id)?;
         let started = Instant::now();
-        let plans = shuffle.begin_commit(&Placement::for_flush(&self.storage))?;
-        self.submit(&shuffle, plans);
+        let begun = shuffle.begin_commit(&Placement::for_flush(&self.storage))?;
+        for r in begun.lost {
+            tracing::error!(shuffle = %shuffle.key(), reason = r.reason(), "partition lost at commit");
+        }
+        self.submit(&shuffle, begun.flushes);
         loop {
             // Registered before the check: a wake-up between the two is not missed.
             let done = self.flushes_done.notified();

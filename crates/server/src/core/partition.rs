@@ -283,6 +283,13 @@ impl<F: Clone> Partition<F> {
         files: &impl FileSource<F>,
         bytes: u64,
     ) -> Result<(u32, F, u64), String> {
+        // A deleted or lost partition never gets a file again: its shuffle's files are gone (a
+        // new one would stay behind on disk), or its data is incomplete anyway.
+        match &self.health {
+            Health::Storing => {}
+            Health::Lost(why) => return Err(format!("the partition lost data: {why}")),
+            Health::Deleted => return Err("the shuffle was unregistered".into()),
+        }
         let keep = self.files.last().is_some_and(|f| files.keeps(&f.handle));
         if !keep {
             let handle = files.open(key, pid, self.files.len() as u32)?;
@@ -349,15 +356,20 @@ impl<F: Clone> Partition<F> {
         (start, end): (u32, u32),
         mut wanted: impl FnMut(u32, u32) -> bool,
         mut body: impl FnMut(&F, &[ByteRange]) -> B,
-    ) -> Vec<B> {
-        self.chunks
-            .iter()
-            .filter(|c| c.has_map_in(start, end))
-            .filter_map(|c| {
-                let ranges = c.ranges(&mut wanted);
-                let file = &self.files.get(c.file() as usize)?.handle;
-                (!ranges.is_empty()).then(|| body(file, &ranges))
-            })
-            .collect()
+    ) -> Result<Vec<B>, Refusal> {
+        let mut out = Vec::new();
+        for c in self.chunks.iter().filter(|c| c.has_map_in(start, end)) {
+            let ranges = c.ranges(&mut wanted);
+            if ranges.is_empty() {
+                continue;
+            }
+            // Never skipped silently: a chunk whose file is unknown would be data gone missing.
+            let Some(f) = self.files.get(c.file() as usize) else {
+                let why = format!("a chunk points at file {} of {}", c.file(), self.files.len());
+                return Err(Refusal::new(ErrorCode::Internal, why));
+            };
+            out.push(body(&f.handle, &ranges));
+        }
+        Ok(out)
     }
 }

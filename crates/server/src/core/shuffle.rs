@@ -60,6 +60,16 @@ pub struct Pushed<F> {
     pub result: Result<(), Refusal>,
 }
 
+/// What starting a commit handed out.
+#[derive(Debug)]
+#[must_use = "the flush plans must go to a writer"]
+pub struct CommitFlushes<F> {
+    /// Every buffer that held data, to be written.
+    pub flushes: Vec<FlushPlan<F>>,
+    /// Why each partition whose buffer had nowhere to go was lost.
+    pub lost: Vec<Refusal>,
+}
+
 /// One registered shuffle on this server.
 #[derive(Debug)]
 pub struct Shuffle<F> {
@@ -310,23 +320,26 @@ impl<F: Clone> Shuffle<F> {
     }
 
     /// Starts (or repeats) a commit: pushes are refused from now on, and every buffer is handed
-    /// out for flushing (a partition whose buffer has nowhere to go is lost). The commit is done
-    /// once [`Self::flushes_in_flight`] is 0: then [`Self::finish_commit`].
-    pub fn begin_commit(&self, files: &impl FileSource<F>) -> Result<Vec<FlushPlan<F>>, Refusal> {
+    /// out for flushing; a partition whose buffer has nowhere to go is lost, and its refusal is
+    /// returned beside the plans (for the log). The commit is done once
+    /// [`Self::flushes_in_flight`] is 0: then [`Self::finish_commit`].
+    pub fn begin_commit(&self, files: &impl FileSource<F>) -> Result<CommitFlushes<F>, Refusal> {
         if self.advance(Lifecycle::Committing) == Lifecycle::Deleted {
             return Err(Refusal::new(
                 ErrorCode::UnknownShuffle,
                 format!("{} was unregistered", self.key),
             ));
         }
-        let mut plans = Vec::new();
+        let (mut plans, mut lost) = (Vec::new(), Vec::new());
         for (pid, p) in self.partitions.iter().enumerate() {
             // A failure marks the partition lost; readers of it get DATA_LOST.
-            if let Ok(Some(plan)) = self.take_locked(pid as u32, &mut p.lock(), files) {
-                plans.push(plan);
+            match self.take_locked(pid as u32, &mut p.lock(), files) {
+                Ok(Some(plan)) => plans.push(plan),
+                Ok(None) => {}
+                Err(r) => lost.push(r),
             }
         }
-        Ok(plans)
+        Ok(CommitFlushes { flushes: plans, lost })
     }
 
     /// Every file holding the shuffle's data, with where that data ends (see
@@ -377,11 +390,16 @@ impl<F: Clone> Shuffle<F> {
     ) -> Result<(Vec<B>, Vec<CommittedMap>), Refusal> {
         let state = self.lifecycle();
         if state != Lifecycle::Readable {
-            let code = match state {
-                Lifecycle::Deleted => ErrorCode::UnknownShuffle,
-                _ => ErrorCode::ShuffleNotCommitted,
-            };
-            return Err(Refusal::new(code, format!("{} is not committed yet", self.key)));
+            return Err(match state {
+                Lifecycle::Deleted => Refusal::new(
+                    ErrorCode::UnknownShuffle,
+                    format!("{} was unregistered", self.key),
+                ),
+                _ => Refusal::new(
+                    ErrorCode::ShuffleNotCommitted,
+                    format!("{} is not committed yet", self.key),
+                ),
+            });
         }
         let pid = o.partition_id;
         let Some(p) = self.partitions.get(pid as usize) else {
@@ -432,7 +450,7 @@ impl<F: Clone> Shuffle<F> {
                 .binary_search_by_key(&map, |c| c.map_id)
                 .is_ok_and(|i| committed[i].attempt_id == attempt)
         };
-        let bodies = p.lock().serve(span, wanted, body);
+        let bodies = p.lock().serve(span, wanted, body)?;
         Ok((bodies, committed))
     }
 

@@ -91,7 +91,7 @@ fn a_full_buffer_becomes_a_plan_whose_chunk_is_served_after_the_commit() {
         s.open_stream(&stream(1), |_, _| ()).unwrap_err().code(),
         ErrorCode::ShuffleNotCommitted
     );
-    assert!(s.begin_commit(&files).unwrap().is_empty());
+    assert!(s.begin_commit(&files).unwrap().flushes.is_empty());
     let sizes = s.finish_commit().unwrap();
     assert_eq!((sizes.len(), sizes[0].partition, sizes[0].bytes), (1, 1, 220));
     let (bodies, committed) = s.open_stream(&stream(1), |f, r| (*f, r.to_vec())).unwrap();
@@ -100,7 +100,7 @@ fn a_full_buffer_becomes_a_plan_whose_chunk_is_served_after_the_commit() {
     // Pushes are refused once committed; a second commit changes nothing.
     let again = s.push(&[section(1, &body)], &body, None, &files);
     assert_eq!(again.result.unwrap_err().code(), ErrorCode::ShuffleCommitted);
-    assert!(s.begin_commit(&files).unwrap().is_empty());
+    assert!(s.begin_commit(&files).unwrap().flushes.is_empty());
     assert_eq!(s.lifecycle(), Lifecycle::Readable);
 }
 
@@ -142,7 +142,7 @@ fn no_file_loses_the_partition_and_frees_its_memory() {
     assert_eq!(again.result.unwrap_err().code(), ErrorCode::StorageFailed);
     s.mapper_end(0, 0, &[(0, 1)]).unwrap();
     s.mapper_end(1, 0, &[]).unwrap();
-    assert!(s.begin_commit(&files).unwrap().is_empty());
+    assert!(s.begin_commit(&files).unwrap().flushes.is_empty());
     assert_eq!(s.finish_commit().unwrap_err().code(), ErrorCode::StorageFailed);
     assert_eq!(s.open_stream(&stream(0), |_, _| ()).unwrap_err().code(), ErrorCode::DataLost);
 }
@@ -186,7 +186,7 @@ fn a_deleted_shuffle_serves_nothing_and_hands_back_its_files() {
     let plan = s.push(&[section(0, &body)], &body, None, &files).flushes.pop().unwrap();
     s.flushed(plan, FlushOutcome::Written);
     s.mapper_end(0, 0, &[(0, 1)]).unwrap();
-    assert!(s.begin_commit(&files).unwrap().is_empty());
+    assert!(s.begin_commit(&files).unwrap().flushes.is_empty());
     s.finish_commit().unwrap();
     let (chunks, _) = s.open_stream(&OpenStream { map_end: 1, ..stream(0) }, |f, _| *f).unwrap();
     let id = streams.open(s.clone(), chunks, t0);
@@ -225,7 +225,7 @@ fn named_attempts_read_a_later_attempt_and_skip_the_winner() {
         s.mapper_end(0, attempt, &[(0, 1)]).unwrap();
     }
     s.mapper_end(1, 0, &[]).unwrap();
-    let _ = s.begin_commit(&files).unwrap();
+    assert!(s.begin_commit(&files).unwrap().flushes.is_empty());
     s.finish_commit().unwrap();
     let o = OpenStream { attempts: vec![MapAttempt { map_id: 0, attempt_id: 1 }], ..stream(0) };
     let (bodies, committed) = s.open_stream(&o, |f, r| (*f, r.to_vec())).unwrap();
@@ -262,4 +262,110 @@ fn a_report_says_what_each_shuffle_holds() {
         (sr.stored_bytes, sr.chunks, sr.flushes_in_flight, sr.lost_partitions),
         (120, 1, 0, 0)
     );
+}
+
+#[test]
+fn a_deleted_or_lost_partition_never_opens_a_file_again() {
+    let mut files = Numbers::default();
+    let s = shuffle(10);
+    let body = batch_body(0, 0, 100);
+    let mut plan = s.push(&[section(0, &body)], &body, None, &files).flushes.pop().unwrap();
+    assert_eq!(s.delete(), vec![0], "unregistered while the plan's write is failing");
+    files.move_on = true; // the write failed: the flusher moves the plan
+    assert!(s.retarget(&mut plan, &files).is_err(), "no file for a deleted shuffle");
+    assert_eq!(files.next.get(), 1, "nothing opened");
+    s.flushed(plan, FlushOutcome::Written);
+    assert!(s.partition(0).unwrap().chunks().is_empty(), "a deleted shuffle records nothing");
+
+    let s = shuffle(10);
+    let mut p1 = s.push(&[section(1, &body)], &body, None, &files).flushes.pop().unwrap();
+    let p2 = s.push(&[section(1, &body)], &body, None, &files).flushes.pop().unwrap();
+    s.flushed(p2, FlushOutcome::Lost("disk gone".into()));
+    let opened = files.next.get();
+    assert!(s.retarget(&mut p1, &files).is_err(), "no file for a lost partition");
+    assert_eq!(files.next.get(), opened);
+    s.flushed(p1, FlushOutcome::Lost("disk gone".into()));
+}
+
+/// Files are numbers from an atomic counter, shared by threads.
+#[derive(Default)]
+struct AtomicNumbers(std::sync::atomic::AtomicU32);
+
+impl FileSource<u32> for AtomicNumbers {
+    fn keeps(&self, _: &u32) -> bool {
+        true
+    }
+    fn open(&self, _: &ShuffleKey, _: u32, _: u32) -> Result<u32, String> {
+        Ok(self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+/// Pushers on three threads, a fourth relieving memory and writing plans, and a commit in the
+/// middle: every acknowledged byte ends in a chunk, all memory comes back, nothing stays in
+/// flight. (The operation-sequence harness is single-threaded; this is its concurrent twin.)
+#[test]
+fn concurrent_pushes_relief_and_commit_lose_no_acknowledged_byte() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex as StdMutex};
+    for round in 0..60u64 {
+        let files = Arc::new(AtomicNumbers::default());
+        let s = Arc::new(Shuffle::new(ShuffleKey::new("app", 1), 4, 4, 300));
+        let budget = MemoryBudget::new(1 << 30, 0.9, 0.95, 0.5);
+        let plans: Arc<StdMutex<Vec<FlushPlan<u32>>>> = Arc::default();
+        let acked = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut pushers = Vec::new();
+        for t in 0..3u32 {
+            let (s, files, plans, acked, budget) =
+                (s.clone(), files.clone(), plans.clone(), acked.clone(), budget.clone());
+            pushers.push(std::thread::spawn(move || {
+                for i in 0..200u32 {
+                    let body = batch_body(t, 0, 50 + (i as usize % 7) * 30);
+                    let reservation = budget.try_reserve(body.len() as u64);
+                    let pushed =
+                        s.push(&[section((i + t) % 4, &body)], &body, reservation, &*files);
+                    plans.lock().unwrap().extend(pushed.flushes);
+                    match pushed.result {
+                        Ok(()) => _ = acked.fetch_add(body.len() as u64, Ordering::Relaxed),
+                        Err(r) => {
+                            assert_eq!(r.code(), ErrorCode::ShuffleCommitted);
+                            break;
+                        }
+                    }
+                }
+            }));
+        }
+        let writer = {
+            let (s, files, plans, stop) = (s.clone(), files.clone(), plans.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    for pid in 0..4 {
+                        if let Ok(Some(p)) = s.take_flush(pid, &*files) {
+                            plans.lock().unwrap().push(p);
+                        }
+                    }
+                    let taken: Vec<_> = plans.lock().unwrap().drain(..).collect();
+                    for p in taken {
+                        s.flushed(p, FlushOutcome::Written);
+                    }
+                    std::thread::yield_now();
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_micros(200 + round * 30));
+        let begun = s.begin_commit(&*files).unwrap();
+        assert!(begun.lost.is_empty());
+        plans.lock().unwrap().extend(begun.flushes);
+        for h in pushers {
+            h.join().unwrap();
+        }
+        while s.flushes_in_flight() > 0 {
+            std::thread::yield_now();
+        }
+        stop.store(true, Ordering::Release);
+        writer.join().unwrap();
+        let stored: u64 = s.finish_commit().unwrap().iter().map(|p| p.bytes).sum();
+        assert_eq!(stored, acked.load(Ordering::Relaxed), "round {round}: acknowledged bytes");
+        assert_eq!(budget.used(), 0, "round {round}: memory left reserved");
+    }
 }
