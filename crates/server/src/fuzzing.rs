@@ -376,8 +376,8 @@ impl Harness {
     /// (`no_file`); their buffers are dropped.
     fn note_newly_lost(&mut self, lost_before: &[bool], no_file: bool) {
         let Some(s) = self.shuffle.clone() else { return };
-        for p in 0..PARTITIONS as usize {
-            if s.partition(p as u32).unwrap().lost().is_some() && !lost_before[p] {
+        for (p, &before) in lost_before.iter().enumerate() {
+            if s.partition(p as u32).unwrap().lost().is_some() && !before {
                 assert!(no_file, "step {}: partition {p} lost with storage healthy", self.step);
                 self.may_be_lost[p] = true;
                 self.buffered[p].clear(); // a lost partition drops its buffer
@@ -494,7 +494,7 @@ impl Harness {
             // Deleted meanwhile: the writer may skip the write, or report one that raced the
             // deletion; either way nothing may be recorded.
             let outcome =
-                if which % 2 == 0 { FlushOutcome::Written } else { FlushOutcome::Dropped };
+                if which.is_multiple_of(2) { FlushOutcome::Written } else { FlushOutcome::Dropped };
             shuffle.flushed(plan, outcome);
             return;
         }
