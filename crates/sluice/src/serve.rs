@@ -128,7 +128,8 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     let server = sluice_server::Server::new(config).map_err(anyhow::Error::msg)?;
     let listener = bind(&listen).await?;
     if let Some(m) = &args.common.metrics_listen {
-        serve_metrics(m.clone(), Arc::new(server.metrics_source())).await?;
+        let h = server.handle();
+        serve_metrics(m.clone(), Arc::new(move || h.metrics())).await?;
     }
     let state = server.state().clone();
     server.serve(listener, server_stop(state)).await?;
@@ -175,10 +176,7 @@ pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<()> {
     let coord = sluice_coordinator::Coordinator::new(config).map_err(anyhow::Error::msg)?;
     if let Some(m) = &args.common.metrics_listen {
         let c = coord.clone();
-        serve_metrics(m.clone(), Arc::new(move || {
-            format!("# TYPE sluice_coordinator_live_servers gauge\nsluice_coordinator_live_servers {}\n", c.live_servers().len())
-        }))
-        .await?;
+        serve_metrics(m.clone(), Arc::new(move || c.metrics())).await?;
     }
     coord.serve(listener, shutdown_signal()).await?;
     Ok(())
