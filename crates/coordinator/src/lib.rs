@@ -20,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -163,6 +164,8 @@ struct View {
 pub struct Coordinator {
     config: CoordinatorConfig,
     view: Mutex<View>,
+    /// Inside [`Coordinator::serve`] (readiness).
+    serving: AtomicBool,
 }
 
 /// A refused request: the `Error` message its requester gets.
@@ -178,7 +181,21 @@ impl Coordinator {
     /// does not validate.
     pub fn new(config: CoordinatorConfig) -> Result<Arc<Self>, String> {
         config.validate()?;
-        Ok(Arc::new(Coordinator { config, view: Mutex::new(View::default()) }))
+        Ok(Arc::new(Coordinator {
+            config,
+            view: Mutex::new(View::default()),
+            serving: AtomicBool::new(false),
+        }))
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> &CoordinatorConfig {
+        &self.config
+    }
+
+    /// Whether it serves its listener ([`Coordinator::serve`] runs).
+    pub fn is_serving(&self) -> bool {
+        self.serving.load(Ordering::Acquire)
     }
 
     /// Servers that heartbeated within the timeout.
@@ -384,6 +401,8 @@ impl Coordinator {
             })
         };
         let transport = self.config.transport.clone();
+        self.serving.store(true, Ordering::Release);
+        let me = self.clone();
         let r = sluice_transport::serve(
             listener,
             Arc::new(CoordHandler(self)),
@@ -392,6 +411,7 @@ impl Coordinator {
             shutdown,
         )
         .await;
+        me.serving.store(false, Ordering::Release);
         ticker.abort();
         r
     }
