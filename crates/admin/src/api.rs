@@ -1,6 +1,10 @@
 //! The admin API's JSON bodies, version 1: what the endpoints answer and what `sluice admin`
 //! reads. `docs/openapi.yaml` describes the same shapes; the integration test checks every
 //! answer of a running cluster against it. Fields are only ever added within `/api/v1`.
+//!
+//! Most of these mirror a report of the server or coordinator crate field for field, on
+//! purpose: the JSON is a versioned contract with scripts and the Helm chart, while those
+//! reports follow the code (the server core's may change with any refactoring).
 
 use serde::{Deserialize, Serialize};
 
@@ -66,28 +70,8 @@ pub struct Memory {
     pub peak_bytes: u64,
 }
 
-/// A server's counters since start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Counters {
-    /// Push requests taken.
-    pub push_requests: u64,
-    /// Bytes pushed and taken.
-    pub pushed_bytes: u64,
-    /// Pushes answered `Busy`.
-    pub busy_replies: u64,
-    /// Bytes written to the data directories.
-    pub flushed_bytes: u64,
-    /// Shuffles committed.
-    pub commits: u64,
-    /// Read streams opened.
-    pub streams_opened: u64,
-    /// Chunks served.
-    pub fetched_chunks: u64,
-    /// Bytes served.
-    pub fetched_bytes: u64,
-    /// Requests answered with an error.
-    pub request_errors: u64,
-}
+/// A server's counters since start (the server crate's own type: the same fields).
+pub use sluice_server::Counters;
 
 /// Where a shuffle is in its life on a server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -73,7 +73,6 @@ fn shuffle_state(l: Lifecycle) -> api::ShuffleState {
 
 async fn status(State(s): State<ServerApi>) -> Json<api::ServerStatus> {
     let r = s.handle.status();
-    let c = r.counters;
     let apps: Vec<api::HeldApp> = r
         .apps
         .iter()
@@ -108,17 +107,7 @@ async fn status(State(s): State<ServerApi>) -> Json<api::ServerStatus> {
             used_bytes: r.memory_used_bytes,
             peak_bytes: r.memory_peak_bytes,
         },
-        counters: api::Counters {
-            push_requests: c.push_requests,
-            pushed_bytes: c.pushed_bytes,
-            busy_replies: c.busy_replies,
-            flushed_bytes: c.flushed_bytes,
-            commits: c.commits,
-            streams_opened: c.streams_opened,
-            fetched_chunks: c.fetched_chunks,
-            fetched_bytes: c.fetched_bytes,
-            request_errors: c.request_errors,
-        },
+        counters: r.counters,
         connections: r.connections,
         shuffles_held: s.handle.shuffles_held() as u64,
         partitions_held: r.partitions_held,

@@ -78,8 +78,8 @@ impl From<&DiskStatus> for DiskReport {
     }
 }
 
-/// Counters since the server started.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Counters since the server started (also the admin API's `counters` object, as is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Counters {
     /// Push requests taken.
     pub push_requests: u64,
