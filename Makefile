@@ -7,7 +7,7 @@
 CARGO ?= cargo
 SLUICE := target/release/sluice
 
-.PHONY: run test test-rust test-jvm test-spark build deps lint bench vectors fuzz
+.PHONY: run test test-rust test-jvm test-spark build deps lint bench vectors fuzz browser status-page-screenshot
 
 deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup) first" >&2; exit 1; }
@@ -24,8 +24,19 @@ lint: deps
 
 test: test-rust test-jvm test-spark
 
-test-rust: deps
+# Debian's chromium, for the status page's browser test (crates/sluice/tests/status_page.rs).
+# Without it that test is reported as ignored, "STATUS PAGE BROWSER TEST NOT RUN".
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
+	  || echo "STATUS PAGE BROWSER TEST NOT RUN: chromium could not be installed (apt-get install chromium)" >&2; }
+
+test-rust: deps browser
 	$(CARGO) test --workspace
+
+# Runs the browser test and replaces docs/status-page.png with its screenshot.
+status-page-screenshot: deps browser
+	SLUICE_SCREENSHOT_TO=docs/status-page.png $(CARGO) test -p sluice --test status_page -- --nocapture
 
 test-jvm:
 	mvn -q -B -f clients/jvm/pom.xml verify

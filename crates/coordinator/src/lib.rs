@@ -6,20 +6,29 @@
 //! several coordinators can run side by side.
 //!
 //! ## Layout
-//! One file, no modules; the API is [`CoordinatorConfig`], [`Coordinator`] and the
-//! [`ServerInfo`] it reports.
+//! The API is [`CoordinatorConfig`], [`Coordinator`] and the values it reports.
 //! - [`CoordinatorConfig`]: the configuration.
 //! - [`Coordinator`]: the state and what each request does to it ([`Coordinator::handle`],
 //!   free of I/O).
 //! - `assign`: the load-aware partition assignment, free of I/O.
 //! - [`Coordinator::serve`]: the transport handler and the expiry tick.
+//! - `report`: read-only views and operator actions for the admin API (servers with their
+//!   state, applications, shuffles with their assignment; drain, undrain, unregister). No HTTP
+//!   here: `sluice-admin` serves them.
 
 #![warn(missing_docs)]
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod report;
+
+pub use report::{
+    AppSummary, DrainMark, PartitionPlace, ServerState, ServerSummary, ShuffleSummary,
+};
 
 use parking_lot::Mutex;
 use serde::Deserialize;
@@ -40,6 +49,9 @@ pub struct CoordinatorConfig {
     pub app_expiry_ms: u64,
     /// Network transport settings.
     pub transport: sluice_transport::ServerConfig,
+    /// Bearer token the admin API's write endpoints (drain, undrain, unregister) require;
+    /// `None`: they are open. At least 16 characters.
+    pub admin_token: Option<String>,
 }
 
 impl Default for CoordinatorConfig {
@@ -49,6 +61,7 @@ impl Default for CoordinatorConfig {
             server_timeout_ms: 10_000,
             app_expiry_ms: 120_000,
             transport: sluice_transport::ServerConfig::default(),
+            admin_token: None,
         }
     }
 }
@@ -59,6 +72,7 @@ impl CoordinatorConfig {
         if self.server_timeout_ms == 0 || self.app_expiry_ms == 0 {
             return Err("server_timeout_ms and app_expiry_ms must be positive".into());
         }
+        sluice_transport::validate_admin_token(self.admin_token.as_deref())?;
         self.transport.validate().map_err(|e| format!("transport: {e}"))
     }
 }
@@ -86,6 +100,13 @@ pub struct ServerInfo {
     pub push_bytes_per_s: u64,
     /// Partitions assigned since its last heartbeat (not yet in `partitions_held`).
     pub assigned_since_heartbeat: u32,
+    /// Total size of its data directories, from its registration.
+    pub disk_capacity_bytes: u64,
+    /// Its last [`ServerStatus`] (drain state, shuffles held, disks); `None` from a server that
+    /// does not send one.
+    pub status: Option<ServerStatus>,
+    /// What an operator asked of it through this coordinator and it has not yet carried out.
+    pub drain_mark: Option<DrainMark>,
 }
 
 impl ServerInfo {
@@ -122,17 +143,29 @@ fn assign(servers: &mut [ServerInfo], num_partitions: u32, replication: u8) -> V
     out
 }
 
+/// A registered shuffle: its assignment and what it was registered with.
+#[derive(Debug, Clone)]
+struct Registered {
+    assignment: Assignment,
+    num_maps: u32,
+    replication: u8,
+    /// When it was registered.
+    since: Instant,
+}
+
 #[derive(Default)]
 struct View {
     servers: HashMap<String, ServerInfo>,
     apps: HashMap<String, Instant>,
-    shuffles: HashMap<(String, u32), Assignment>,
+    shuffles: HashMap<(String, u32), Registered>,
 }
 
 /// The coordinator's state.
 pub struct Coordinator {
     config: CoordinatorConfig,
     view: Mutex<View>,
+    /// Inside [`Coordinator::serve`] (readiness).
+    serving: AtomicBool,
 }
 
 /// A refused request: the `Error` message its requester gets.
@@ -148,7 +181,21 @@ impl Coordinator {
     /// does not validate.
     pub fn new(config: CoordinatorConfig) -> Result<Arc<Self>, String> {
         config.validate()?;
-        Ok(Arc::new(Coordinator { config, view: Mutex::new(View::default()) }))
+        Ok(Arc::new(Coordinator {
+            config,
+            view: Mutex::new(View::default()),
+            serving: AtomicBool::new(false),
+        }))
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> &CoordinatorConfig {
+        &self.config
+    }
+
+    /// Whether it serves its listener ([`Coordinator::serve`] runs).
+    pub fn is_serving(&self) -> bool {
+        self.serving.load(Ordering::Acquire)
     }
 
     /// Servers that heartbeated within the timeout.
@@ -172,6 +219,7 @@ impl Coordinator {
                     |s| {
                         s.memory_budget_bytes = r.memory_budget_bytes;
                         s.free_memory_bytes = r.memory_budget_bytes;
+                        s.disk_capacity_bytes = r.disk_capacity_bytes;
                     },
                 );
                 Ok(OkMsg {}.into())
@@ -196,6 +244,7 @@ impl Coordinator {
                 );
                 Ok(OkMsg {}.into())
             }
+            Message::ServerStatus(st) => self.server_status(st),
             Message::RegisterApp(r) => Ok(self.app_seen(&r.app_id)),
             Message::AppHeartbeat(r) => Ok(self.app_seen(&r.app_id)),
             Message::UnregisterApp(r) => {
@@ -207,7 +256,7 @@ impl Coordinator {
             Message::RegisterShuffle(r) => self.register_shuffle(r),
             Message::GetAssignment(g) => {
                 match self.view.lock().shuffles.get(&(g.app_id.clone(), g.shuffle_id)) {
-                    Some(a) => Ok(a.clone().into()),
+                    Some(r) => Ok(r.assignment.clone().into()),
                     None => Err(refuse(
                         ErrorCode::UnknownShuffle,
                         format!("shuffle {} of {} is not registered here", g.shuffle_id, g.app_id),
@@ -240,6 +289,9 @@ impl Coordinator {
                 partitions_held: 0,
                 push_bytes_per_s: 0,
                 assigned_since_heartbeat: 0,
+                disk_capacity_bytes: 0,
+                status: None,
+                drain_mark: None,
             }
         });
         s.addr = addr;
@@ -254,9 +306,10 @@ impl Coordinator {
 
     fn register_shuffle(&self, r: RegisterShuffle) -> Result<Message, Refused> {
         let key = (r.app_id.clone(), r.shuffle_id);
-        if let Some(a) = self.view.lock().shuffles.get(&key) {
-            if a.partitions.len() as u32 == r.num_partitions {
-                return Ok(a.clone().into()); // idempotent: a retried registration gets the same answer
+        if let Some(known) = self.view.lock().shuffles.get(&key) {
+            if known.assignment.partitions.len() as u32 == r.num_partitions {
+                // Idempotent: a retried registration gets the same answer.
+                return Ok(known.assignment.clone().into());
             }
         }
         let timeout = Duration::from_millis(self.config.server_timeout_ms);
@@ -269,10 +322,11 @@ impl Coordinator {
         if live.is_empty() {
             return Err(refuse(ErrorCode::NoServers, "no live shuffle server is registered"));
         }
-        // Servers with no disk left are skipped while another has room (with none, the servers
-        // refuse the pushes with a clear error).
-        if live.iter().any(|s| !s.no_room) {
-            live.retain(|s| !s.no_room);
+        // Servers with no disk left, or draining, are skipped while another has room (with
+        // none, the servers refuse the pushes with a clear error).
+        let takes_new = |s: &ServerInfo| !s.no_room && s.state(timeout) == ServerState::Live;
+        if live.iter().any(takes_new) {
+            live.retain(takes_new);
         }
         live.sort_by(|a, b| a.addr.server_id.cmp(&b.addr.server_id));
         let locs = assign(&mut live, r.num_partitions, r.replication);
@@ -307,7 +361,13 @@ impl Coordinator {
         }
         tracing::info!(app = %r.app_id, shuffle = r.shuffle_id, partitions = r.num_partitions,
             servers = assignment.servers.len(), "shuffle assigned");
-        v.shuffles.insert(key, assignment.clone());
+        let registered = Registered {
+            assignment: assignment.clone(),
+            num_maps: r.num_maps,
+            replication: r.replication,
+            since: Instant::now(),
+        };
+        v.shuffles.insert(key, registered);
         Ok(assignment.into())
     }
 
@@ -341,6 +401,8 @@ impl Coordinator {
             })
         };
         let transport = self.config.transport.clone();
+        self.serving.store(true, Ordering::Release);
+        let me = self.clone();
         let r = sluice_transport::serve(
             listener,
             Arc::new(CoordHandler(self)),
@@ -349,6 +411,7 @@ impl Coordinator {
             shutdown,
         )
         .await;
+        me.serving.store(false, Ordering::Release);
         ticker.abort();
         r
     }
@@ -384,6 +447,9 @@ mod tests {
             partitions_held: held,
             push_bytes_per_s: 0,
             assigned_since_heartbeat: 0,
+            disk_capacity_bytes: 0,
+            status: None,
+            drain_mark: None,
         }
     }
 
@@ -475,5 +541,76 @@ mod tests {
         beat("full", 1, 0);
         beat("roomy", 2, 0);
         assert_eq!(servers_of(3), ["full", "roomy"]);
+    }
+
+    /// `c`'s answer to a `ServerStatus` of server `id` (draining or not).
+    fn status(c: &Coordinator, id: &str, draining: bool) -> u8 {
+        let st = ServerStatus {
+            server_id: id.into(),
+            draining: draining.into(),
+            shuffles_held: 0,
+            disks: Vec::new(),
+        };
+        match c.handle(st.into()) {
+            Message::DrainOrder(o) => o.order,
+            m => panic!("{m:?}"),
+        }
+    }
+
+    #[test]
+    fn a_drain_takes_effect_here_at_once_and_reaches_the_server_in_its_status_answer() {
+        let c = Coordinator::new(CoordinatorConfig::default()).unwrap();
+        beat(&c, "s1", 1, 1 << 30);
+        beat(&c, "s2", 2, 1 << 30);
+        let state = |id: &str| {
+            c.servers_report().into_iter().find(|s| s.addr.server_id == id).unwrap().state
+        };
+        assert!(c.drain_server("s1") && !c.drain_server("nope"));
+        assert_eq!(state("s1"), ServerState::Draining);
+        let reg = RegisterShuffle {
+            app_id: "a".into(),
+            shuffle_id: 1,
+            num_maps: 3,
+            num_partitions: 4,
+            replication: 1,
+        };
+        let Message::Assignment(a) = c.handle(reg.into()) else { panic!() };
+        assert_eq!(a.servers.iter().map(|s| s.server_id.as_str()).collect::<Vec<_>>(), ["s2"]);
+        // The order is repeated until the server reports it carried out, then the mark goes.
+        assert_eq!(status(&c, "s1", false), DRAIN_ORDER_START);
+        assert_eq!(status(&c, "s1", false), DRAIN_ORDER_START);
+        assert_eq!(status(&c, "s1", true), DRAIN_ORDER_NONE);
+        assert_eq!(state("s1"), ServerState::Draining, "its own report keeps it draining");
+        assert_eq!(status(&c, "s2", false), DRAIN_ORDER_NONE);
+        // Undrain: live here at once, the order goes out until the server has stopped draining.
+        assert!(c.undrain_server("s1"));
+        assert_eq!(state("s1"), ServerState::Live);
+        assert_eq!(status(&c, "s1", true), DRAIN_ORDER_STOP);
+        assert_eq!(status(&c, "s1", false), DRAIN_ORDER_NONE);
+        assert_eq!(c.servers_report()[0].drain_pending, None);
+        // The shuffle's report names its maps and placement.
+        let sh = c.shuffle("a", 1).unwrap();
+        assert_eq!((sh.maps, sh.partitions, sh.placement.len()), (3, 4, 4));
+        assert!(sh.placement.iter().all(|p| p.primary == "s2" && p.replica.is_none()));
+    }
+
+    #[test]
+    fn an_operator_forgets_a_stuck_application() {
+        let c = Coordinator::new(CoordinatorConfig::default()).unwrap();
+        beat(&c, "s1", 1, 1 << 30);
+        let reg = RegisterShuffle {
+            app_id: "stuck".into(),
+            shuffle_id: 7,
+            num_maps: 1,
+            num_partitions: 2,
+            replication: 1,
+        };
+        assert!(matches!(c.handle(reg.into()), Message::Assignment(_)));
+        assert_eq!(c.apps_report()[0].shuffles, [7]);
+        assert_eq!(c.shuffles_of("stuck").unwrap().len(), 1);
+        assert!(c.shuffles_of("other").is_none());
+        assert!(c.unregister_app("stuck"));
+        assert!(!c.unregister_app("stuck"));
+        assert!(c.apps_report().is_empty() && c.shuffle("stuck", 7).is_none());
     }
 }

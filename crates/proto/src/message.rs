@@ -13,6 +13,18 @@ pub const PROTOCOL_VERSION: u16 = 1;
 pub const FEATURE_CRC32C: u64 = 1;
 /// `PartitionLoc::replica` value meaning "no replica".
 pub const NO_REPLICA: u16 = 0xFFFF;
+/// [`DiskReport::state`]: the directory takes new data.
+pub const DISK_IN_SERVICE: u8 = 0;
+/// [`DiskReport::state`]: its file system is full; it serves what it holds, takes nothing new.
+pub const DISK_FULL: u8 = 1;
+/// [`DiskReport::state`]: out of service after an I/O error, until the server restarts.
+pub const DISK_FAILED: u8 = 2;
+/// [`DrainOrder::order`]: nothing to change.
+pub const DRAIN_ORDER_NONE: u8 = 0;
+/// [`DrainOrder::order`]: start draining (take no new partitions).
+pub const DRAIN_ORDER_START: u8 = 1;
+/// [`DrainOrder::order`]: stop draining (take new partitions again).
+pub const DRAIN_ORDER_STOP: u8 = 2;
 
 wire_struct! {
     /// First frame of every connection, client → server.
@@ -97,6 +109,42 @@ wire_struct! {
         pub push_bytes_per_s: u64,
         /// Connections open on the server.
         pub active_connections: u32,
+    }
+}
+wire_struct! {
+    /// One data directory of a server, as [`ServerStatus`] reports it.
+    pub struct DiskReport {
+        /// The directory's path on the server.
+        pub path: String,
+        /// Free bytes on its file system.
+        pub free_bytes: u64,
+        /// Total bytes of its file system.
+        pub capacity_bytes: u64,
+        /// [`DISK_IN_SERVICE`], [`DISK_FULL`] or [`DISK_FAILED`]; other values are malformed.
+        pub state: u8,
+    }
+}
+wire_struct! {
+    /// What a server reports besides its load, after each heartbeat: whether it drains, what it
+    /// holds, its disks. Answered by [`DrainOrder`] (a coordinator that predates it answers
+    /// `UNKNOWN_MESSAGE_TYPE`, and the server stops sending it there until a heartbeat fails).
+    pub struct ServerStatus {
+        /// The server's stable name, as in its heartbeat.
+        pub server_id: String,
+        /// 1 while it takes no new partitions, else 0 (other values are malformed).
+        pub draining: u8,
+        /// Shuffles it holds, of every application.
+        pub shuffles_held: u32,
+        /// Its data directories.
+        pub disks: Vec<DiskReport>,
+    }
+}
+wire_struct! {
+    /// A coordinator's answer to [`ServerStatus`]: what an operator asked of the server.
+    pub struct DrainOrder {
+        /// [`DRAIN_ORDER_NONE`], [`DRAIN_ORDER_START`] or [`DRAIN_ORDER_STOP`]; other values are
+        /// malformed.
+        pub order: u8,
     }
 }
 wire_struct! {
@@ -447,6 +495,8 @@ messages! {
     18 => CommitShuffle(CommitShuffle) body=false,
     19 => CommitResult(CommitResult) body=false,
     20 => UnregisterShuffle(UnregisterShuffle) body=false,
+    21 => ServerStatus(ServerStatus) body=false,
+    22 => DrainOrder(DrainOrder) body=false,
     30 => Push(Push) body=true,
     31 => PushMerged(PushMerged) body=true,
     32 => PushAck(PushAck) body=false,
@@ -520,6 +570,17 @@ impl Message {
                 }
             }
             Message::OpenStream(o) => o.validate()?,
+            Message::ServerStatus(s) => {
+                if s.draining > 1 {
+                    return Err(ProtoError::Malformed("server status draining flag is not 0 or 1"));
+                }
+                if s.disks.iter().any(|d| d.state > DISK_FAILED) {
+                    return Err(ProtoError::Malformed("unknown disk state"));
+                }
+            }
+            Message::DrainOrder(d) if d.order > DRAIN_ORDER_STOP => {
+                return Err(ProtoError::Malformed("unknown drain order"));
+            }
             _ => {}
         }
         Ok(())
@@ -587,6 +648,11 @@ mod tests {
                 o.attempts.sort_unstable_by_key(|a| a.map_id);
                 o.attempts.dedup_by_key(|a| a.map_id);
             }
+            Message::ServerStatus(s) => {
+                s.draining &= 1;
+                s.disks.iter_mut().for_each(|d| d.state %= DISK_FAILED + 1);
+            }
+            Message::DrainOrder(d) => d.order %= DRAIN_ORDER_STOP + 1,
             Message::PushMerged(p) => p.entries.iter_mut().for_each(|s| {
                 s.offset = 0;
                 s.length = 0;
@@ -624,6 +690,6 @@ mod tests {
             assert!(seen.insert(*t as u8));
             assert_eq!(MsgType::from_u8(*t as u8), Some(*t));
         }
-        assert_eq!(seen.len(), 28);
+        assert_eq!(seen.len(), 30);
     }
 }

@@ -66,6 +66,9 @@ pub struct ServerConfig {
     pub heartbeat_interval_ms: u64,
     /// Network transport settings (frame limit, watermarks, zero copy, auth).
     pub transport: sluice_transport::ServerConfig,
+    /// Bearer token the admin API's write endpoints (drain) require; `None`: they are open.
+    /// At least 16 characters.
+    pub admin_token: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -92,6 +95,7 @@ impl Default for ServerConfig {
             coordinators: Vec::new(),
             heartbeat_interval_ms: 1_000,
             transport: sluice_transport::ServerConfig::default(),
+            admin_token: None,
         }
     }
 }
@@ -135,6 +139,7 @@ impl ServerConfig {
         if self.heartbeat_interval_ms == 0 || self.app_expiry_ms == 0 {
             return Err("heartbeat_interval_ms and app_expiry_ms must be positive".into());
         }
+        sluice_transport::validate_admin_token(self.admin_token.as_deref())?;
         self.transport.validate().map_err(|e| format!("transport: {e}"))
     }
 }

@@ -17,6 +17,8 @@
 //! - `memory_budget`: reservations and watermarks for buffered data.
 //! - `config`: the server's configuration ([`ServerConfig`]).
 //! - `stats`: counters exported as Prometheus text.
+//! - `status`: read-only views for operators ([`ServerHandle`]: status, disks, metrics, the
+//!   drain switch); no HTTP here, `sluice-admin` serves them.
 //! - this file: the transport [`Handler`], heartbeats to coordinators and the maintenance
 //!   tick, wired together by [`Server::serve`].
 //! - [`fuzzing`] (feature `fuzzing`): operation sequences applied to the core, for the
@@ -32,14 +34,18 @@ pub mod fuzzing;
 mod memory_budget;
 mod state;
 mod stats;
+mod status;
 mod storage;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use sluice_proto::message::{Message, RegisterServer, ServerHeartbeat};
+use sluice_proto::message::{
+    Message, RegisterServer, ServerHeartbeat, ServerStatus, DRAIN_ORDER_START, DRAIN_ORDER_STOP,
+};
+use sluice_proto::ErrorCode;
 use sluice_transport::{
     Admission, BodyPool, ClientConfig, ConnInfo, Handler, Pool, Request, Response, TransportStats,
 };
@@ -48,6 +54,7 @@ use tokio::net::TcpListener;
 pub use config::ServerConfig;
 pub use core::{AppReport, Lifecycle, ShuffleReport};
 pub use state::ServerState;
+pub use status::{Counters, DiskState, DiskStatus, Identity, ServerHandle, StatusReport};
 
 use state::{Admit, Admitted};
 
@@ -96,6 +103,8 @@ impl Handler for ServerHandler {
 pub struct Server {
     state: Arc<ServerState>,
     transport_stats: Arc<TransportStats>,
+    /// Set when [`Server::serve`] starts: what the server reports to coordinators.
+    identity: Arc<OnceLock<Identity>>,
 }
 
 impl Server {
@@ -109,7 +118,11 @@ impl Server {
                 tracing::error!(dir = %d.path.display(), "data directory unusable at start");
             }
         }
-        Ok(Server { state, transport_stats: Arc::new(TransportStats::default()) })
+        Ok(Server {
+            state,
+            transport_stats: Arc::new(TransportStats::default()),
+            identity: Arc::new(OnceLock::new()),
+        })
     }
 
     /// The server's state: what drains it and reports what it holds.
@@ -117,11 +130,13 @@ impl Server {
         &self.state
     }
 
-    /// A function that renders the server's metrics as Prometheus text (for the metrics
-    /// endpoint, which outlives no server).
-    pub fn metrics_source(&self) -> impl Fn() -> String + Send + Sync + 'static {
-        let (state, transport) = (self.state.clone(), self.transport_stats.clone());
-        move || Server::metrics(&state, &transport)
+    /// A handle for operators (the admin endpoint): status, disks, metrics, drain.
+    pub fn handle(&self) -> ServerHandle {
+        ServerHandle {
+            state: self.state.clone(),
+            transport: self.transport_stats.clone(),
+            identity: self.identity.clone(),
+        }
     }
 
     /// Serves on `listener` until `shutdown` completes; heartbeats to the configured coordinators
@@ -133,10 +148,13 @@ impl Server {
     ) -> std::io::Result<()> {
         let local = listener.local_addr()?;
         let state = self.state.clone();
+        let identity = identity(&state, local);
+        let _ = self.identity.set(identity.clone());
         let mut tasks = tokio::task::JoinSet::new();
         tasks.spawn(maintenance(state.clone()));
         for coord in state.config().coordinators.clone() {
-            tasks.spawn(heartbeat_loop(state.clone(), self.transport_stats.clone(), coord, local));
+            let transport = self.transport_stats.clone();
+            tasks.spawn(heartbeat_loop(state.clone(), transport, coord, identity.clone()));
         }
         let handler = Arc::new(ServerHandler { state: state.clone() });
         let result = sluice_transport::serve(
@@ -152,7 +170,7 @@ impl Server {
     }
 
     /// Prometheus text for the server's counters and gauges.
-    fn metrics(state: &ServerState, transport: &TransportStats) -> String {
+    pub(crate) fn metrics(state: &ServerState, transport: &TransportStats) -> String {
         let t = transport.snapshot();
         let pool = state.body_pool.stats();
         state.stats.prometheus(&[
@@ -219,7 +237,7 @@ async fn maintenance(state: Arc<ServerState>) {
 }
 
 /// Identity a server reports to coordinators.
-fn identity(state: &ServerState, local: SocketAddr) -> (String, String, u16) {
+fn identity(state: &ServerState, local: SocketAddr) -> Identity {
     let host = if state.config().advertise_host.is_empty() {
         local.ip().to_string()
     } else {
@@ -230,23 +248,27 @@ fn identity(state: &ServerState, local: SocketAddr) -> (String, String, u16) {
     } else {
         state.config().server_id.clone()
     };
-    (id, host, local.port())
+    Identity { server_id: id, host, port: local.port() }
 }
 
 /// Registers with one coordinator, then heartbeats to it forever; a coordinator that is down
 /// or restarting is retried at the next interval (a restarted one learns us from the heartbeat).
+/// After each heartbeat, a [`ServerStatus`] whose answer may order a drain (see
+/// [`send_status`]).
 async fn heartbeat_loop(
     state: Arc<ServerState>,
     transport: Arc<TransportStats>,
     coord: String,
-    local: SocketAddr,
+    me: Identity,
 ) {
-    let (server_id, host, port) = identity(&state, local);
+    let Identity { server_id, host, port } = me;
     // Coordinators with authentication on take the same shared secret as the servers.
     let secret = state.config().transport.secret.clone().unwrap_or_default();
     let pool =
         Pool::new(ClientConfig { connections_per_peer: 1, secret, ..ClientConfig::default() });
     let mut registered = false;
+    // Whether this coordinator takes `ServerStatus` (one that predates it refuses it).
+    let mut takes_status = true;
     let mut last_pushed = 0u64;
     let interval = Duration::from_millis(state.config().heartbeat_interval_ms);
     let mut tick = tokio::time::interval(interval);
@@ -293,7 +315,52 @@ async fn heartbeat_loop(
             Err(e) => {
                 tracing::debug!(coordinator = %coord, error = %e, "heartbeat failed");
                 registered = false;
+                // A restarted coordinator may be a newer one: ask it again.
+                takes_status = true;
+                continue;
             }
         }
+        if takes_status {
+            takes_status = send_status(&state, &pool, addr, &coord, &server_id).await;
+        }
     }
+}
+
+/// Sends a [`ServerStatus`] to a coordinator and carries out the drain order in its answer.
+/// Returns `false` when the coordinator does not take the message (it predates it).
+async fn send_status(
+    state: &ServerState,
+    pool: &Pool,
+    addr: SocketAddr,
+    coord: &str,
+    server_id: &str,
+) -> bool {
+    let status = ServerStatus {
+        server_id: server_id.to_owned(),
+        draining: u8::from(state.is_draining()),
+        shuffles_held: u32::try_from(state.shuffles_held()).unwrap_or(u32::MAX),
+        disks: status::disks(state).iter().map(Into::into).collect(),
+    };
+    let sent =
+        async { pool.get(addr).await?.request(status.into(), sluice_transport::Body::Empty).await };
+    match sent.await.map(|r| r.message) {
+        Ok(Message::DrainOrder(o)) if o.order == DRAIN_ORDER_START && !state.is_draining() => {
+            tracing::info!(coordinator = %coord, "drain ordered by a coordinator");
+            state.start_draining();
+        }
+        Ok(Message::DrainOrder(o)) if o.order == DRAIN_ORDER_STOP && state.is_draining() => {
+            tracing::info!(coordinator = %coord, "drain cancelled by a coordinator");
+            state.stop_draining();
+        }
+        Ok(_) => {}
+        Err(sluice_transport::TransportError::Remote { code, .. })
+            if matches!(code, ErrorCode::UnknownMessageType | ErrorCode::InvalidRequest) =>
+        {
+            tracing::info!(coordinator = %coord, %code,
+                "coordinator does not take ServerStatus (older version); not sent again");
+            return false;
+        }
+        Err(e) => tracing::debug!(coordinator = %coord, error = %e, "server status failed"),
+    }
+    true
 }

@@ -473,7 +473,19 @@ impl ServerState {
         }
     }
 
-    /// Whether [`ServerState::start_draining`] was called.
+    /// Takes new partitions again after [`ServerState::start_draining`] (an operator changed
+    /// their mind); idempotent.
+    pub fn stop_draining(&self) {
+        if self.draining.swap(false, Ordering::AcqRel) {
+            tracing::info!(
+                shuffles = self.shuffles_held(),
+                "drain cancelled: taking new partitions"
+            );
+        }
+    }
+
+    /// Whether the server drains: [`ServerState::start_draining`] was called, and not
+    /// [`ServerState::stop_draining`] after it.
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
     }

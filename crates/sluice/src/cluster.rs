@@ -38,6 +38,9 @@ pub struct ClusterSpec {
     pub data_root: Option<PathBuf>,
     /// Extra `--set key=value` per server (index → settings).
     pub server_sets: Vec<Vec<String>>,
+    /// `admin_token` of the coordinator and every server (`None`: their write endpoints are
+    /// open).
+    pub admin_token: Option<String>,
 }
 
 /// A running cluster.
@@ -52,15 +55,21 @@ impl Cluster {
     pub fn start(spec: &ClusterSpec) -> anyhow::Result<Cluster> {
         let exe = std::env::current_exe().context("locating the sluice binary")?;
         let launcher = Launcher::new(exe, "sluice-", spec.data_root.as_deref())?;
-        let coordinator = launcher.coordinator()?;
+        let token_set: Vec<String> =
+            spec.admin_token.iter().map(|t| format!("admin_token={t}")).collect();
+        let coordinator = launcher.coordinator_with_admin(
+            &token_set.iter().flat_map(|s| ["--set".to_owned(), s.clone()]).collect::<Vec<_>>(),
+        )?;
         let mut servers = Vec::new();
         for i in 0..spec.servers {
+            let mut sets = token_set.clone();
+            sets.extend(spec.server_sets.get(i).cloned().unwrap_or_default());
             let server = ServerSpec {
                 data_dirs: vec![launcher.path().join(format!("server-{i}"))],
                 memory_budget_bytes: spec.memory_budget_bytes,
                 coordinator: Some(coordinator.addr),
                 metrics: true,
-                sets: spec.server_sets.get(i).cloned().unwrap_or_default(),
+                sets,
                 listen: None,
             };
             servers.push(launcher.server(&server)?);

@@ -1,6 +1,7 @@
 //! `sluice local`: the main job. Starts an embedded coordinator and N servers on loopback, runs
 //! a synthetic shuffle through them (including a failed-and-retried and a speculative map
-//! attempt), reads every partition back and verifies every record.
+//! attempt), reads every partition back and verifies every record. With `--keep` the cluster
+//! stays up until Ctrl-C, its addresses printed, for Spark or `sluice admin` to use.
 
 use std::time::Instant;
 
@@ -51,9 +52,25 @@ pub struct LocalArgs {
     /// Directory under which the servers' data directories are created (default: system temp).
     #[arg(long)]
     pub data_root: Option<std::path::PathBuf>,
-    /// Print one JSON object instead of the human summary.
+    /// Print one JSON object instead of the human summary (with `--keep`, a line with the
+    /// cluster's addresses first).
     #[arg(long)]
     pub json: bool,
+    /// Leave the cluster up after the job until Ctrl-C or SIGTERM, printing the data and admin
+    /// addresses of the coordinator and of each server once it is ready.
+    #[arg(long)]
+    pub keep: bool,
+    /// With `--keep`: start the cluster only, run no job.
+    #[arg(long, requires = "keep")]
+    pub no_job: bool,
+    /// With `--keep`: the job leaves its committed shuffle registered and its application
+    /// heartbeating until the cluster stops, so `sluice admin` and the status page show it.
+    #[arg(long, requires = "keep", conflicts_with = "no_job")]
+    pub hold: bool,
+    /// `admin_token` of the coordinator and the servers: their admin write endpoints (drain,
+    /// unregister) then need it.
+    #[arg(long)]
+    pub admin_token: Option<String>,
 }
 
 /// Parses `123`, `64K`, `256M`, `2G` (binary units).
@@ -89,7 +106,16 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
         memory_budget_bytes: args.memory_budget,
         data_root: args.data_root.clone(),
         server_sets: Vec::new(),
+        admin_token: args.admin_token.clone(),
     })?;
+    if args.keep {
+        cluster.wait_ready().await?;
+        print_addresses(&cluster, args.json);
+        if args.no_job {
+            crate::serve::shutdown_signal().await;
+            return Ok(true);
+        }
+    }
     let app_id = format!("local-{}", std::process::id());
     let mut opts = ClientOptions {
         coordinators: vec![cluster.coordinator.addr.to_string()],
@@ -192,8 +218,10 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
     let records: u64 =
         expect.count.iter().map(|c| c.load(std::sync::atomic::Ordering::Relaxed)).sum();
     let servers: Vec<_> = cluster.servers.iter().map(|s| s.addr).collect();
-    client.unregister_shuffle(&a).await?;
-    client.unregister_app(&servers).await?;
+    if !args.hold {
+        client.unregister_shuffle(&a).await?;
+        client.unregister_app(&servers).await?;
+    }
 
     let summary = json!({
         "verified": verified,
@@ -261,7 +289,49 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
             if verified { String::new() } else { format!(" (partitions {bad:?} differ)") }
         );
     }
+    if args.keep {
+        if args.hold {
+            // The application heartbeats while the cluster stays up (servers expire it after
+            // `app_expiry_ms` without), and lets go of its data when the cluster stops.
+            let beat = async {
+                loop {
+                    client.heartbeat(&servers).await;
+                    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                }
+            };
+            tokio::select! {
+                _ = crate::serve::shutdown_signal() => {}
+                _ = beat => {}
+            }
+            let _ = client.unregister_app(&servers).await;
+        } else {
+            crate::serve::shutdown_signal().await;
+        }
+    }
     Ok(verified)
+}
+
+/// Prints where the cluster's processes listen: a line per process, or one JSON object.
+fn print_addresses(cluster: &Cluster, json: bool) {
+    let admin = |p: &sluice_testkit::Proc| p.metrics.map(|a| a.to_string()).unwrap_or_default();
+    if json {
+        let servers: Vec<_> = cluster
+            .servers
+            .iter()
+            .map(|s| json!({"address": s.addr.to_string(), "admin": admin(s)}))
+            .collect();
+        let c = &cluster.coordinator;
+        let coordinator = json!({"address": c.addr.to_string(), "admin": admin(c)});
+        println!("{}", json!({"cluster": {"coordinator": coordinator, "servers": servers}}));
+        return;
+    }
+    let c = &cluster.coordinator;
+    println!("sluice local: cluster up; Ctrl-C stops it");
+    println!("  coordinator  {}  admin {}  (status page http://{}/)", c.addr, admin(c), admin(c));
+    for (i, s) in cluster.servers.iter().enumerate() {
+        println!("  {:<11}  {}  admin {}", format!("server {i}"), s.addr, admin(s));
+    }
+    println!("  sluice admin --coordinator {} servers", admin(c));
 }
 
 /// Shared handle for benches that need an app with a shuffle on a fresh cluster.

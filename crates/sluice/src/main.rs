@@ -1,6 +1,7 @@
 //! `sluice`: the command-line entry point. A thin clap dispatcher; each subcommand's logic lives
 //! in its own module.
 
+mod admin;
 mod bench;
 mod cluster;
 mod local;
@@ -69,6 +70,9 @@ enum Command {
     Coordinator(serve::CoordinatorArgs),
     /// The main job: an embedded coordinator and servers on loopback run a verified shuffle.
     Local(local::LocalArgs),
+    /// Operate a running cluster through a coordinator's admin API (servers, apps, shuffles,
+    /// drain, undrain, unregister, a server's status).
+    Admin(admin::AdminArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -96,6 +100,7 @@ fn main() -> anyhow::Result<()> {
                 std::process::exit(1)
             }
         }
+        Command::Admin(args) => std::process::exit(rt()?.block_on(admin::run(args))),
         Command::Bench { bench } => bench::run(bench),
     }
 }

@@ -1,6 +1,6 @@
 //! `sluice server` and `sluice coordinator`: load the config, bind, print the bound address on
-//! stdout (`listening on HOST:PORT`, for scripts and tests that use port 0), serve until Ctrl-C
-//! or SIGTERM.
+//! stdout (`listening on HOST:PORT`, for scripts and tests that use port 0), serve the admin
+//! endpoint (`metrics on HOST:PORT`) when asked, serve until Ctrl-C or SIGTERM.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use crate::settings::{load, parse_set};
@@ -22,8 +21,10 @@ pub struct Common {
     /// Listen address, `host:port` (port 0: any free port).
     #[arg(long)]
     listen: Option<String>,
-    /// Serve Prometheus metrics over HTTP on this address (`GET /metrics`).
-    #[arg(long)]
+    /// Serve the admin endpoint over HTTP on this address: Prometheus metrics at `/metrics`,
+    /// the JSON API under `/api/v1`, `/healthz`, `/readyz` (and a coordinator's status page at
+    /// `/`); see docs/operations.md.
+    #[arg(long, visible_alias = "admin-listen")]
     metrics_listen: Option<String>,
     /// Override any configuration key: `--set transport.zero_copy=false`.
     #[arg(long = "set", value_parser = parse_set)]
@@ -70,7 +71,7 @@ async fn bind(listen: &str) -> anyhow::Result<TcpListener> {
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("SIGTERM handler");
     tokio::select! {
@@ -80,28 +81,14 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
-/// A minimal `GET /metrics` responder. One fixed plain-text response per connection; a web
-/// framework would add more dependency than this endpoint has lines.
-async fn serve_metrics(
-    listen: String,
-    render: Arc<dyn Fn() -> String + Send + Sync>,
-) -> anyhow::Result<()> {
-    let l =
-        TcpListener::bind(&listen).await.with_context(|| format!("binding metrics {listen}"))?;
+/// Binds the admin endpoint on `listen` and serves `router` on it in the background (for the
+/// process's life). Prints `metrics on ADDR`, which scripts and the tests read.
+async fn serve_admin(listen: &str, router: axum::Router) -> anyhow::Result<()> {
+    let l = TcpListener::bind(listen).await.with_context(|| format!("binding metrics {listen}"))?;
     println!("metrics on {}", l.local_addr()?);
     tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = l.accept().await else { continue };
-            let render = render.clone();
-            tokio::spawn(async move {
-                let mut req = [0u8; 4096];
-                let _ =
-                    tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut req)).await;
-                let body = render();
-                let head = format!("HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
-                let _ = s.write_all(head.as_bytes()).await;
-                let _ = s.write_all(body.as_bytes()).await;
-            });
+        if let Err(e) = sluice_admin::serve(l, router, std::future::pending()).await {
+            tracing::error!(error = %e, "admin endpoint stopped");
         }
     });
     Ok(())
@@ -128,7 +115,8 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     let server = sluice_server::Server::new(config).map_err(anyhow::Error::msg)?;
     let listener = bind(&listen).await?;
     if let Some(m) = &args.common.metrics_listen {
-        serve_metrics(m.clone(), Arc::new(server.metrics_source())).await?;
+        let token = server.state().config().admin_token.clone();
+        serve_admin(m, sluice_admin::server_router(server.handle(), token)).await?;
     }
     let state = server.state().clone();
     server.serve(listener, server_stop(state)).await?;
@@ -137,33 +125,45 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
 
 /// When a server stops: at once on Ctrl-C or SIGTERM; after SIGUSR1 it drains (takes no new
 /// partitions, see `ServerState::start_draining`) and stops once it holds no shuffle (the
-/// applications unregistered them, ended or expired) or after `drain_timeout_ms`.
+/// applications unregistered them, ended or expired) or after `drain_timeout_ms`. A drain
+/// cancelled meanwhile (admin API, coordinator) cancels the stop too, until the next SIGUSR1.
+/// A drain asked through the admin API alone does not stop the process: whoever asked for it
+/// stops it (a Kubernetes `preStop` hook, an operator).
 async fn server_stop(state: Arc<sluice_server::ServerState>) {
     let mut usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
         .expect("SIGUSR1 handler");
-    tokio::select! {
-        _ = shutdown_signal() => return,
-        _ = usr1.recv() => {}
-    }
-    state.start_draining();
-    let timeout = Duration::from_millis(state.config().drain_timeout_ms);
-    let drained = async {
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        loop {
-            tick.tick().await;
-            if state.shuffles_held() == 0 {
-                tracing::info!("drained: no shuffle left; stopping");
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = usr1.recv() => {}
+        }
+        state.start_draining();
+        let timeout = Duration::from_millis(state.config().drain_timeout_ms);
+        let drained = async {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                if !state.is_draining() {
+                    return false;
+                }
+                if state.shuffles_held() == 0 {
+                    tracing::info!("drained: no shuffle left; stopping");
+                    return true;
+                }
+            }
+        };
+        tokio::select! {
+            _ = &mut shutdown => return,
+            done = drained => if done { return },
+            _ = tokio::time::sleep(timeout) => {
+                tracing::warn!(shuffles = state.shuffles_held(),
+                    "drain timeout: stopping with shuffles still held");
                 return;
             }
         }
-    };
-    tokio::select! {
-        _ = shutdown_signal() => {}
-        _ = drained => {}
-        _ = tokio::time::sleep(timeout) => {
-            tracing::warn!(shuffles = state.shuffles_held(),
-                "drain timeout: stopping with shuffles still held");
-        }
+        tracing::info!("drain cancelled: not stopping");
     }
 }
 
@@ -174,11 +174,8 @@ pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<()> {
     let listener = bind(&config.listen).await?;
     let coord = sluice_coordinator::Coordinator::new(config).map_err(anyhow::Error::msg)?;
     if let Some(m) = &args.common.metrics_listen {
-        let c = coord.clone();
-        serve_metrics(m.clone(), Arc::new(move || {
-            format!("# TYPE sluice_coordinator_live_servers gauge\nsluice_coordinator_live_servers {}\n", c.live_servers().len())
-        }))
-        .await?;
+        let token = coord.config().admin_token.clone();
+        serve_admin(m, sluice_admin::coordinator_router(coord.clone(), token)).await?;
     }
     coord.serve(listener, shutdown_signal()).await?;
     Ok(())

@@ -32,6 +32,11 @@ fn set_path(table: &mut Table, path: &[&str], value: Value) -> anyhow::Result<()
     Ok(())
 }
 
+/// Environment variables that share a config prefix but are no config key: `sluice admin`'s
+/// (a coordinator started in the same environment, as `sluice local` starts one, must not take
+/// it for an unknown key and refuse to start).
+const NOT_CONFIG: &[&str] = &["SLUICE_COORDINATOR_ADMIN"];
+
 /// Builds a config: `file` (optional), then env vars with `env_prefix`, then `sets` given as
 /// `key.path=value`.
 pub fn load<T: DeserializeOwned>(
@@ -47,6 +52,9 @@ pub fn load<T: DeserializeOwned>(
         None => Table::new(),
     };
     for (k, v) in std::env::vars() {
+        if NOT_CONFIG.contains(&k.as_str()) {
+            continue;
+        }
         if let Some(key) = k.strip_prefix(env_prefix) {
             let key = key.to_ascii_lowercase();
             let path: Vec<&str> = key.split("__").collect();

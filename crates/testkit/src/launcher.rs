@@ -76,6 +76,17 @@ impl Launcher {
         self.coordinator_on("127.0.0.1:0")
     }
 
+    /// `sluice coordinator --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 EXTRA…`: a
+    /// coordinator with its admin endpoint (status page, JSON API, metrics) on a free port.
+    pub fn coordinator_with_admin(&self, extra: &[String]) -> anyhow::Result<Proc> {
+        let mut args: Vec<String> =
+            ["coordinator", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]
+                .map(String::from)
+                .to_vec();
+        args.extend(extra.iter().cloned());
+        self.spawn("coordinator", &args)
+    }
+
     /// `sluice server` as described by `spec`; with no data directory named, one fresh
     /// directory in this launcher's.
     pub fn server(&self, spec: &ServerSpec) -> anyhow::Result<Proc> {

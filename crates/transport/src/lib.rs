@@ -17,6 +17,7 @@
 //! - `client`: [`Connection`] — request ids, pending table, timeouts.
 //! - `pool`: [`Pool`] — N connections per peer, reconnect with backoff.
 //! - `stats`: [`TransportStats`] counters.
+//! - `secret`: [`constant_time_eq`] and the rules for the admin API's token.
 //! - `sys`: the raw `sendfile` / `posix_fadvise` / `pread` calls; `socket`: socket options.
 
 #![warn(missing_docs)]
@@ -29,6 +30,7 @@ mod config;
 mod error;
 mod outbound;
 mod pool;
+mod secret;
 mod server;
 mod socket;
 mod stats;
@@ -40,6 +42,7 @@ pub use client::{Connection, Reply};
 pub use config::{ClientConfig, ServerConfig};
 pub use error::TransportError;
 pub use pool::Pool;
+pub use secret::{constant_time_eq, validate_admin_token, ADMIN_TOKEN_MIN_CHARS};
 pub use server::{serve, Admission, ConnInfo, Handler, Request, Response};
 pub use stats::{StatsSnapshot, TransportStats};
 

@@ -136,6 +136,33 @@ pub fn cases() -> Vec<Case> {
             &[],
             false,
         ),
+        ok(
+            "server_status",
+            5,
+            ServerStatus {
+                server_id: "srv-a".into(),
+                draining: 1,
+                shuffles_held: 3,
+                disks: vec![
+                    DiskReport {
+                        path: "/data/1".into(),
+                        free_bytes: 400 << 30,
+                        capacity_bytes: 1 << 40,
+                        state: DISK_IN_SERVICE,
+                    },
+                    DiskReport {
+                        path: "/data/2".into(),
+                        free_bytes: 0,
+                        capacity_bytes: 1 << 40,
+                        state: DISK_FAILED,
+                    },
+                ],
+            }
+            .into(),
+            &[],
+            false,
+        ),
+        ok("drain_order", 5, DrainOrder { order: DRAIN_ORDER_START }.into(), &[], false),
         ok("register_app", 6, RegisterApp { app_id: app(), secret: "".into() }.into(), &[], false),
         ok("app_heartbeat", 7, AppHeartbeat { app_id: app() }.into(), &[], false),
         ok("unregister_app", 8, UnregisterApp { app_id: app() }.into(), &[], false),
@@ -317,6 +344,7 @@ pub fn cases() -> Vec<Case> {
         f[2] = 2;
         f
     };
+    let drain_order_unknown = vec![3u8];
     let bad_index = fields_of(
         &Assignment {
             shuffle_id: 1,
@@ -536,6 +564,15 @@ pub fn cases() -> Vec<Case> {
             "error",
             ErrorCode::MalformedFrame,
             "map 7 listed twice: attempts must name maps in ascending order",
+        ),
+        bad(
+            "drain_order_unknown",
+            raw(f(&drain_order_unknown), 22, 1, 1, &drain_order_unknown),
+            max,
+            false,
+            "error",
+            ErrorCode::MalformedFrame,
+            "DrainOrder.order is 3",
         ),
         bad(
             "batch_crc_mismatch",

@@ -85,6 +85,7 @@ async fn one_server(
     data_root: Option<std::path::PathBuf>,
 ) -> anyhow::Result<(Cluster, ShuffleClient, Arc<Assignment>)> {
     let cluster = Cluster::start(&ClusterSpec {
+        admin_token: None,
         servers: 1,
         memory_budget_bytes: args.memory_budget,
         data_root,

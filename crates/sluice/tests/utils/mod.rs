@@ -8,6 +8,8 @@
 //! every test body (see [`bounded`]).
 #![allow(dead_code)]
 
+pub mod openapi;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -23,6 +23,7 @@ use crate::codec::FrameReader;
 use crate::config::ServerConfig;
 use crate::error::TransportError;
 use crate::outbound::{millis, OutFrame, Outbound, WriterOptions};
+use crate::secret::constant_time_eq;
 use crate::socket::configure;
 use crate::stats::TransportStats;
 
@@ -226,14 +227,6 @@ async fn handshake(
     let reply = encode_frame(h.request_id, &Message::HandshakeOk(ok), &[]);
     let app_id = (!hs.app_id.is_empty()).then_some(hs.app_id);
     Ok((Arc::new(ConnInfo { id, peer, app_id, max_frame_bytes: max_frame }), max_frame, reply))
-}
-
-/// Compares secrets without an early exit on the first differing byte.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Writes a whole frame before the writer task exists (handshake replies and refusals).

@@ -61,6 +61,8 @@ public interface Message {
     COMMIT_SHUFFLE(18, "CommitShuffle", false, CommitShuffle::decode),
     COMMIT_RESULT(19, "CommitResult", false, CommitResult::decode),
     UNREGISTER_SHUFFLE(20, "UnregisterShuffle", false, UnregisterShuffle::decode),
+    SERVER_STATUS(21, "ServerStatus", false, ServerStatus::decode),
+    DRAIN_ORDER(22, "DrainOrder", false, DrainOrder::decode),
     PUSH(30, "Push", true, Push::decode),
     PUSH_MERGED(31, "PushMerged", true, PushMerged::decode),
     PUSH_ACK(32, "PushAck", false, f -> PushAck.INSTANCE),

@@ -173,6 +173,9 @@ class RoundTripTest {
       case COMMIT_RESULT -> new CommitResult(r.nextInt(),
           list(r, () -> new CommitResult.PartitionSize(r.nextInt(), r.nextLong())));
       case UNREGISTER_SHUFFLE -> new UnregisterShuffle(str(r), r.nextInt());
+      case SERVER_STATUS -> new ServerStatus(str(r), r.nextBoolean(), r.nextInt(),
+          list(r, () -> new ServerStatus.Disk(str(r), r.nextLong(), r.nextLong(), r.nextInt(3))));
+      case DRAIN_ORDER -> new DrainOrder(r.nextInt(3));
       case PUSH -> new Push(str(r), r.nextInt(), r.nextInt());
       case PUSH_MERGED -> new PushMerged(str(r), r.nextInt(),
           list(r, () -> new PushMerged.Section(r.nextInt(), r.nextInt(100), r.nextInt(100))));
