@@ -6,7 +6,9 @@
 #      whose schemas we have;
 #   3. kubeconform -strict on every rendered object against those versions' schemas, and the
 #      ServiceMonitor against its CRD's schema; every object must be found valid;
-#   4. pytest tests/deploy: what the objects say (config, drain hook, probes, secrets, refused
+#   4. every PromQL expression of deploy/grafana/sluice.json through Prometheus's parser
+#      (tests/deploy/promql);
+#   5. pytest tests/deploy: what the objects say (config, drain hook, probes, secrets, refused
 #      values, the dashboard's metric names against the code, the config against the binary).
 # Tools are built once from their Go modules into target/deploy-tools (SLUICE_DEPLOY_TOOLS),
 # schemas come from a PyPI wheel and a Go module: nothing else is fetched.
@@ -122,6 +124,14 @@ sys.exit(1 if bad or not objects or summary["valid"] != len(objects) else 0)
 EOF
   done
 done
+
+echo "== dashboard PromQL"
+# Rebuilt when its source or pinned modules change.
+PROMQL="$TOOLS/promql-$(cat tests/deploy/promql/{go.mod,go.sum,main.go} | sha256sum | cut -c1-12)"
+if [[ ! -x "$PROMQL" ]]; then
+  (cd tests/deploy/promql && GOFLAGS=-modcacherw go build -trimpath -o "$PROMQL.tmp" . && mv "$PROMQL.tmp" "$PROMQL")
+fi
+"$PROMQL" deploy/grafana/sluice.json
 
 echo "== pytest tests/deploy"
 HELM="$HELM" SLUICE_DEPLOY_CHART="$PACKAGE" SLUICE_DEPLOY_RENDERED="$OUT" SLUICE_DEPLOY_KUBE_VERSIONS="${KUBE_VERSIONS[*]}" \
