@@ -20,15 +20,22 @@ class AdminApi:
     """A server whose answers are given per path; `stop_after_drain` closes the port this
     long after a drain request, as a drained server exits."""
 
-    def __init__(self, answers: dict[tuple[str, str], int], stop_after_drain: float | None):
+    def __init__(self, answers: dict[tuple[str, str], int], stop_after_drain: float | None, reason=True):
         self.requests: list[tuple[str, str, str | None]] = []
         api = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
             def answer(self):
                 api.requests.append((self.command, self.path, self.headers.get("Authorization")))
-                self.send_response(answers.get((self.command, self.path), 404))
+                code = answers.get((self.command, self.path), 404)
+                if reason:
+                    self.send_response(code)
+                else:  # "HTTP/1.1 503\r\n": the reason phrase is optional
+                    self.wfile.write(f"HTTP/1.1 {code}\r\n".encode())
                 self.send_header("Content-Length", "0")
+                self.send_header("Connection", "close")
                 self.end_headers()
                 if self.path == "/api/v1/drain" and stop_after_drain is not None:
                     threading.Timer(stop_after_drain, api.stop).start()
@@ -64,9 +71,10 @@ def api(request):
 
 
 CONTRACT = ({("POST", "/api/v1/drain"): 202, ("GET", "/readyz"): 503}, STOPS_AFTER_S)
+CONTRACT_NO_REASON = (*CONTRACT, False)
 
 
-@pytest.mark.parametrize("api", [CONTRACT], indirect=True)
+@pytest.mark.parametrize("api", [CONTRACT, CONTRACT_NO_REASON], indirect=True, ids=["reason", "no-reason"])
 def test_drains_then_waits_for_the_server_to_stop(api):
     result, took = run_hook(api.port, "sluice-token")
     assert result.returncode == 0, result.stderr

@@ -19,7 +19,7 @@ http() {
     "$1" "$2" "$port" "${3:-}" >&3
   read -r -t 10 _ code _ <&3
   exec 3>&-
-  echo "$code"
+  echo "${code%$'\r'}" # a status line without a reason phrase ends at the code
 }
 
 auth=""
