@@ -119,13 +119,13 @@ def test_drain_on_stop(render):
     toml = tomllib.loads(render.config("server.toml"))
     metrics_port = {p["name"]: p["containerPort"] for p in container["ports"]}["metrics"]
     command = container["lifecycle"]["preStop"]["exec"]["command"]
-    assert command == ["/bin/bash", "/etc/sluice/config/drain.sh", str(metrics_port)]
+    drain_s = toml["drain_timeout_ms"] // 1000
+    assert command == ["/bin/bash", "/etc/sluice/config/drain.sh", str(metrics_port), str(drain_s)]
     assert {"name": "config", "mountPath": "/etc/sluice/config", "readOnly": True} in container["volumeMounts"]
     assert render.config("drain.sh") == (CHART_SOURCE / "files/drain.sh").read_text()
     assert f"--metrics-listen=0.0.0.0:{metrics_port}" in container["args"]
     # The grace period covers the whole drain, then the shutdown grace, with a margin.
     grace = render.pod(render.server)["terminationGracePeriodSeconds"]
-    drain_s = toml["drain_timeout_ms"] // 1000
     assert grace == drain_s + toml["transport"]["shutdown_grace_ms"] // 1000 + 15
     assert grace == (3645 if render.which == "default" else 1845)
 

@@ -1,8 +1,10 @@
 """The servers' preStop hook (deploy/helm/sluice/files/drain.sh) against a stand-in for the
 admin HTTP API on 127.0.0.1, answering as the agreed contract says (POST /api/v1/drain starts a
-drain, GET /readyz answers 503 while draining) or as a server without that API does."""
+drain, GET /readyz answers 503 while draining, GET /api/v1/status tells the shuffles held) or as
+a server without that API does."""
 
 import http.server
+import json
 import os
 import subprocess
 import threading
@@ -13,15 +15,18 @@ import pytest
 from conftest import CHART_SOURCE
 
 HOOK = CHART_SOURCE / "files/drain.sh"
-STOPS_AFTER_S = 1.5
+EMPTY_AFTER_S = 1.5
 
 
 class AdminApi:
-    """A server whose answers are given per path; `stop_after_drain` closes the port this
-    long after a drain request, as a drained server exits."""
+    """Answers `codes[(method, path)]` (404 otherwise). With `shuffles`, GET /api/v1/status
+    answers {"draining": true, "shuffles_held": shuffles(seconds since the drain request)}.
+    `exit_after` closes the port that long after a drain request, as a server that stops by
+    itself. `reason=False` sends status lines without a reason phrase."""
 
-    def __init__(self, answers: dict[tuple[str, str], int], stop_after_drain: float | None, reason=True):
+    def __init__(self, codes, shuffles=None, exit_after=None, reason=True):
         self.requests: list[tuple[str, str, str | None]] = []
+        self.drained_at = None
         api = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -29,16 +34,23 @@ class AdminApi:
 
             def answer(self):
                 api.requests.append((self.command, self.path, self.headers.get("Authorization")))
-                code = answers.get((self.command, self.path), 404)
+                code, body = codes.get((self.command, self.path), 404), b""
+                if self.path == "/api/v1/drain" and api.drained_at is None:
+                    api.drained_at = time.monotonic()
+                    if exit_after is not None:
+                        threading.Timer(exit_after, api.stop).start()
+                if self.path == "/api/v1/status" and shuffles and api.drained_at is not None:
+                    held = shuffles(time.monotonic() - api.drained_at)
+                    code, body = 200, json.dumps({"draining": True, "shuffles_held": held}).encode()
                 if reason:
                     self.send_response(code)
-                else:  # "HTTP/1.1 503\r\n": the reason phrase is optional
+                else:
                     self.wfile.write(f"HTTP/1.1 {code}\r\n".encode())
-                self.send_header("Content-Length", "0")
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
                 self.send_header("Connection", "close")
                 self.end_headers()
-                if self.path == "/api/v1/drain" and stop_after_drain is not None:
-                    threading.Timer(stop_after_drain, api.stop).start()
+                self.wfile.write(body)
 
             do_GET = do_POST = answer
 
@@ -47,56 +59,93 @@ class AdminApi:
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self.httpd.server_address[1]
+        self.running = True
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def stop(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        if self.running:
+            self.running = False
+            self.httpd.shutdown()
+            self.httpd.server_close()
 
 
-def run_hook(port: int, token: str | None) -> tuple[subprocess.CompletedProcess, float]:
+def run_hook(api: AdminApi, token: str | None, drain_seconds: int = 30):
     env = {k: v for k, v in os.environ.items() if k != "SLUICE_SERVER_ADMIN_TOKEN"}
     if token is not None:
         env["SLUICE_SERVER_ADMIN_TOKEN"] = token
     start = time.monotonic()
-    result = subprocess.run(["bash", str(HOOK), str(port)], env=env, capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        ["bash", str(HOOK), str(api.port), str(drain_seconds)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return result, time.monotonic() - start
 
 
+DRAINS = {("POST", "/api/v1/drain"): 200, ("GET", "/readyz"): 503}
+
+
+def empties(after_s):
+    return lambda t: 10 if t < after_s else 0
+
+
 @pytest.fixture
-def api(request):
-    server = AdminApi(*request.param)
-    yield server
-    server.stop()
+def stand_in():
+    servers = []
+
+    def make(*args, **kwargs):
+        servers.append(AdminApi(*args, **kwargs))
+        return servers[-1]
+
+    yield make
+    for server in servers:
+        server.stop()
 
 
-CONTRACT = ({("POST", "/api/v1/drain"): 202, ("GET", "/readyz"): 503}, STOPS_AFTER_S)
-CONTRACT_NO_REASON = (*CONTRACT, False)
-
-
-@pytest.mark.parametrize("api", [CONTRACT, CONTRACT_NO_REASON], indirect=True, ids=["reason", "no-reason"])
-def test_drains_then_waits_for_the_server_to_stop(api):
-    result, took = run_hook(api.port, "sluice-token")
+@pytest.mark.parametrize("reason", [True, False], ids=["reason", "no-reason"])
+def test_waits_until_no_shuffle_is_left(stand_in, reason):
+    api = stand_in(DRAINS, shuffles=empties(EMPTY_AFTER_S), reason=reason)
+    result, took = run_hook(api, "sluice-token")
     assert result.returncode == 0, result.stderr
-    assert api.requests[:2] == [
+    assert api.requests[:3] == [
         ("POST", "/api/v1/drain", "Bearer sluice-token"),
-        ("GET", "/readyz", None),
+        ("GET", "/readyz", "Bearer sluice-token"),
+        ("GET", "/api/v1/status", "Bearer sluice-token"),
     ]
-    # It returned only once the port had closed (Kubernetes sends SIGTERM when it returns).
-    assert took >= STOPS_AFTER_S, took
+    # It returned (and Kubernetes sends SIGTERM) only once the server held nothing.
+    assert took >= EMPTY_AFTER_S, took
+    assert "no shuffle left" in result.stderr
+    assert api.running
+
+
+def test_waits_for_a_server_that_stops_by_itself(stand_in):
+    api = stand_in({**DRAINS, ("POST", "/api/v1/drain"): 202}, exit_after=EMPTY_AFTER_S)
+    result, took = run_hook(api, "sluice-token")
+    assert result.returncode == 0, result.stderr
+    assert took >= EMPTY_AFTER_S, took
     assert "the server has stopped" in result.stderr
 
 
-@pytest.mark.parametrize("api", [CONTRACT], indirect=True)
-def test_no_token_no_authorization_header(api):
-    result, _ = run_hook(api.port, None)
+def test_gives_up_after_the_drain_timeout(stand_in):
+    api = stand_in(DRAINS, shuffles=lambda t: 3)
+    result, took = run_hook(api, None, drain_seconds=2)
     assert result.returncode == 0, result.stderr
-    assert api.requests[0] == ("POST", "/api/v1/drain", None)
+    assert 2 <= took < 10, took
+    assert "2 s are up" in result.stderr
 
 
-@pytest.mark.parametrize("api", [({("POST", "/api/v1/drain"): 401}, None)], indirect=True)
-def test_refused_drain_fails_at_once(api):
-    result, took = run_hook(api.port, "wrong")
+def test_no_token_no_authorization_header(stand_in):
+    api = stand_in(DRAINS, shuffles=empties(0))
+    result, _ = run_hook(api, None)
+    assert result.returncode == 0, result.stderr
+    assert {auth for _, _, auth in api.requests} == {None}
+
+
+def test_refused_drain_fails_at_once(stand_in):
+    api = stand_in({("POST", "/api/v1/drain"): 401})
+    result, took = run_hook(api, "wrong")
     assert result.returncode == 1
     assert "answered '401'" in result.stderr
     assert took < 5
@@ -104,20 +153,18 @@ def test_refused_drain_fails_at_once(api):
 
 # A server without the admin API answers every path like /metrics, with 200: the hook must not
 # then wait for a drain that never started.
-@pytest.mark.parametrize(
-    "api", [({("POST", "/api/v1/drain"): 200, ("GET", "/readyz"): 200}, None)], indirect=True
-)
-def test_server_not_draining_fails_at_once(api):
-    result, took = run_hook(api.port, "sluice-token")
+def test_server_not_draining_fails_at_once(stand_in):
+    api = stand_in({("POST", "/api/v1/drain"): 200, ("GET", "/readyz"): 200})
+    result, took = run_hook(api, "sluice-token")
     assert result.returncode == 1
     assert "GET /readyz answered '200'" in result.stderr
     assert took < 5
 
 
-def test_nothing_listening_fails_at_once():
-    api = AdminApi({}, None)
+def test_nothing_listening_fails_at_once(stand_in):
+    api = stand_in({})
     api.stop()
-    result, took = run_hook(api.port, None)
+    result, took = run_hook(api, None)
     assert result.returncode == 1
     assert "answered 'nothing'" in result.stderr
     assert took < 5
