@@ -1,13 +1,15 @@
 # Two commands for a new machine:
 #   make run    the main job: an embedded coordinator + 2 servers run a verified shuffle
-#   make test   every test: Rust (unit, property, vectors, integration), Java, Spark jobs
-# Both install what they need beyond the machine's Rust, Java 17, Maven and Python: crates,
-# Maven artifacts and the pyspark virtualenvs are fetched by the targets themselves.
+#   make test   every test: Rust (unit, property, vectors, integration), Java, Spark jobs, the
+#               Helm chart (tests/deploy/run.sh)
+# Both install what they need beyond the machine's Rust, Java 17, Maven, Python and Go: crates,
+# Maven artifacts, the pyspark virtualenvs, helm and kubeconform are fetched by the targets
+# themselves.
 
 CARGO ?= cargo
 SLUICE := target/release/sluice
 
-.PHONY: run test test-rust test-jvm test-spark build deps lint bench vectors fuzz browser status-page-screenshot
+.PHONY: run test test-rust test-jvm test-spark test-deploy build deps lint bench vectors fuzz browser status-page-screenshot
 
 deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup) first" >&2; exit 1; }
@@ -22,7 +24,7 @@ lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-test: test-rust test-jvm test-spark
+test: test-rust test-jvm test-spark test-deploy
 
 # Debian's chromium, for the status page's browser test (crates/sluice/tests/status_page.rs).
 # Without it that test is reported as ignored, "STATUS PAGE BROWSER TEST NOT RUN".
@@ -43,6 +45,10 @@ test-jvm:
 
 test-spark: build
 	bash tests/spark/run.sh
+
+# The chart's tests start the binary with the rendered configs, hence build.
+test-deploy: build
+	bash tests/deploy/run.sh
 
 vectors:
 	$(CARGO) run -q -p sluice-proto --example gen_vectors

@@ -1,0 +1,63 @@
+#!/bin/bash
+# preStop hook of the server pods: `bash drain.sh PORT DRAIN_SECONDS`.
+#
+# Asks the server to drain through its admin HTTP API on its metrics port (POST /api/v1/drain,
+# with the admin token when SLUICE_SERVER_ADMIN_TOKEN is set), checks that it is draining
+# (GET /readyz answers 503), then waits until it holds no shuffle (GET /api/v1/status says
+# "shuffles_held": 0), until it has exited by itself, or for DRAIN_SECONDS at most. Kubernetes
+# sends SIGTERM when this hook returns, and the server then stops within
+# transport.shutdown_grace_ms; terminationGracePeriodSeconds covers both. Bash's /dev/tcp
+# speaks the HTTP: the image has no curl. If the drain cannot start the hook exits non-zero at
+# once, and SIGTERM stops the server without a drain.
+set -u
+port=${1:?usage: drain.sh METRICS_PORT DRAIN_SECONDS}
+drain_seconds=${2:?usage: drain.sh METRICS_PORT DRAIN_SECONDS}
+
+auth=""
+if [ -n "${SLUICE_SERVER_ADMIN_TOKEN:-}" ]; then
+  auth="Authorization: Bearer ${SLUICE_SERVER_ADMIN_TOKEN}"$'\r\n'
+fi
+
+# http METHOD PATH: sets `code` (empty if no answer came) and `body`.
+http() {
+  local line
+  code="" body=""
+  exec 3<>"/dev/tcp/127.0.0.1/${port}" || return 1
+  printf '%s %s HTTP/1.1\r\nHost: 127.0.0.1:%s\r\n%sContent-Length: 0\r\nConnection: close\r\n\r\n' \
+    "$1" "$2" "$port" "$auth" >&3
+  if IFS=' ' read -r -t 10 _ code _ <&3; then
+    code=${code%$'\r'} # a status line without a reason phrase ends at the code
+    while IFS= read -r -t 10 line && [ "$line" != $'\r' ]; do :; done <&3
+    while IFS= read -r -t 10 line || [ -n "$line" ]; do body+=$line; done <&3
+  fi
+  exec 3>&-
+}
+
+http POST /api/v1/drain 2>/dev/null
+case "$code" in
+  2??) ;;
+  *)
+    echo "drain: POST /api/v1/drain on 127.0.0.1:${port} answered '${code:-nothing}'" >&2
+    exit 1
+    ;;
+esac
+# A server that did not start draining would keep this hook waiting for nothing.
+http GET /readyz 2>/dev/null
+if [ "$code" != 503 ]; then
+  echo "drain: GET /readyz answered '${code:-nothing}' after the drain request, not 503" >&2
+  exit 1
+fi
+echo "drain: draining for at most ${drain_seconds} s" >&2
+deadline=$((SECONDS + drain_seconds))
+while [ "$SECONDS" -lt "$deadline" ]; do
+  if ! http GET /api/v1/status 2>/dev/null || [ -z "$code" ]; then
+    echo "drain: the server has stopped" >&2
+    exit 0
+  fi
+  if [[ $body =~ \"shuffles_held\":[[:space:]]*0[,}[:space:]] ]]; then
+    echo "drain: no shuffle left" >&2
+    exit 0
+  fi
+  sleep 2
+done
+echo "drain: ${drain_seconds} s are up; stopping with shuffles still held" >&2
