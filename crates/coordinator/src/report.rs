@@ -275,10 +275,30 @@ impl Coordinator {
         known
     }
 
-    /// Prometheus text of the coordinator's gauges.
+    /// Prometheus text of the coordinator's gauges: live servers, servers by state,
+    /// applications and shuffles registered.
     pub fn metrics(&self) -> String {
         let live = self.live_servers().len();
-        format!("# TYPE sluice_coordinator_live_servers gauge\nsluice_coordinator_live_servers {live}\n")
+        let servers = self.servers_report();
+        let count = |st: ServerState| servers.iter().filter(|s| s.state == st).count();
+        let (apps, shuffles) = {
+            let view = self.view.lock();
+            (view.apps.len(), view.shuffles.len())
+        };
+        let mut out = format!(
+            "# TYPE sluice_coordinator_live_servers gauge\nsluice_coordinator_live_servers {live}\n"
+        );
+        out.push_str("# TYPE sluice_coordinator_servers gauge\n");
+        for st in [ServerState::Live, ServerState::Draining, ServerState::Lost] {
+            let n = count(st);
+            out.push_str(&format!("sluice_coordinator_servers{{state=\"{}\"}} {n}\n", st.name()));
+        }
+        for (name, v) in
+            [("sluice_coordinator_applications", apps), ("sluice_coordinator_shuffles", shuffles)]
+        {
+            out.push_str(&format!("# TYPE {name} gauge\n{name} {v}\n"));
+        }
+        out
     }
 
     /// A server's `ServerStatus`: kept for the reports, answered with the drain order pending.

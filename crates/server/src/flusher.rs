@@ -33,9 +33,10 @@ struct FlushJob {
     plan: FlushPlan<FileRef>,
 }
 
-/// What the server is told after each plan: its bytes, and whether it was its shuffle's last
-/// flush in flight (a commit may be waiting for that).
-pub type OnFlushed = Arc<dyn Fn(u64, bool) + Send + Sync>;
+/// What the server is told after each plan: its bytes, whether it was its shuffle's last flush
+/// in flight (a commit may be waiting for that), and how long it took from the start of its
+/// first write, in microseconds.
+pub type OnFlushed = Arc<dyn Fn(u64, bool, u64) + Send + Sync>;
 
 /// The flusher threads of all data directories.
 pub struct Flushers {
@@ -102,6 +103,7 @@ fn lower_priority(nice: i32) {
 
 fn run_job(storage: &Storage, job: FlushJob, write_bytes: usize, on_done: &OnFlushed) {
     let FlushJob { shuffle, mut plan } = job;
+    let started = Instant::now();
     let outcome = loop {
         if shuffle.is_deleted() {
             break FlushOutcome::Dropped;
@@ -129,7 +131,7 @@ fn run_job(storage: &Storage, job: FlushJob, write_bytes: usize, on_done: &OnFlu
     let bytes = plan.bytes();
     // The memory is released here, before a committer waiting for the flush is woken.
     let last = shuffle.flushed(plan, outcome);
-    on_done(bytes, last);
+    on_done(bytes, last, started.elapsed().as_micros().min(u64::MAX as u128) as u64);
 }
 
 /// Points a plan whose write failed at the partition's next file. After a full disk with no
@@ -219,7 +221,7 @@ mod tests {
     fn flusher_threads_run_below_the_servers_priority() {
         let dir = tempfile::tempdir().unwrap();
         let storage = Arc::new(Storage::open(&[dir.path().to_path_buf()], 0, 0));
-        let _f = Flushers::start(storage, 1, 7, 256 << 10, Arc::new(|_, _| {}));
+        let _f = Flushers::start(storage, 1, 7, 256 << 10, Arc::new(|_, _, _| {}));
         let me = rustix::process::getpriority_process(None).unwrap();
         let want = (me + 7).min(19);
         let task_dir = std::path::Path::new("/proc/self/task");
@@ -280,7 +282,7 @@ mod tests {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let storage =
             Arc::new(Storage::open(&[a.path().to_path_buf(), b.path().to_path_buf()], 0, 0));
-        let flushers = Flushers::start(storage.clone(), 1, 0, 4096, Arc::new(|_, _| {}));
+        let flushers = Flushers::start(storage.clone(), 1, 0, 4096, Arc::new(|_, _, _| {}));
         let shuffle = Arc::new(Shuffle::new(crate::core::ShuffleKey::new("app", 1), 1, 1, 1));
         flush_once(&storage, &flushers, &shuffle, 1000);
         let first = shuffle.partition(0).unwrap().current_file().unwrap().dir.index;

@@ -173,7 +173,7 @@ impl Server {
     pub(crate) fn metrics(state: &ServerState, transport: &TransportStats) -> String {
         let t = transport.snapshot();
         let pool = state.body_pool.stats();
-        state.stats.prometheus(&[
+        let mut out = state.stats.prometheus(&[
             ("sluice_server_body_buffers_reused_total", pool.reused),
             ("sluice_server_body_buffers_allocated_total", pool.allocated),
             ("sluice_server_body_pool_kept_bytes", pool.kept_bytes),
@@ -191,7 +191,30 @@ impl Server {
             ("sluice_server_data_dirs_full", state.storage.count(|d| d.is_full())),
             ("sluice_server_data_dirs_failed", state.storage.count(|d| d.is_failed())),
             ("sluice_server_draining", u64::from(state.is_draining())),
-        ])
+            ("sluice_server_memory_paused", u64::from(state.budget.is_paused())),
+            ("sluice_server_connections_open", t.connections_open),
+            ("sluice_server_shuffles_held", state.shuffles_held() as u64),
+            ("sluice_server_partitions_held", u64::from(state.partitions_held())),
+        ]);
+        // Per application: what its shuffles hold in memory and in files.
+        let apps = state.apps_report();
+        let per_app = |f: fn(&AppReport) -> u64| -> Vec<(String, u64)> {
+            apps.iter().map(|a| (a.app_id.clone(), f(a))).collect()
+        };
+        let buffered = per_app(|a| a.shuffles.iter().map(|s| s.buffered_bytes).sum());
+        let stored = per_app(|a| a.shuffles.iter().map(|s| s.stored_bytes).sum());
+        stats::Stats::labelled(&mut out, "sluice_server_app_buffered_bytes", "app", &buffered);
+        stats::Stats::labelled(&mut out, "sluice_server_app_stored_bytes", "app", &stored);
+        // Per data directory: free space and size (statvfs each, once per scrape).
+        let dirs = state.storage.dirs();
+        let per_dir = |f: fn(&storage::DataDir) -> u64| -> Vec<(String, u64)> {
+            dirs.iter().map(|d| (d.path.display().to_string(), f(d))).collect()
+        };
+        let free = per_dir(storage::DataDir::free_bytes);
+        let capacity = per_dir(storage::DataDir::capacity_bytes);
+        stats::Stats::labelled(&mut out, "sluice_server_data_dir_free_bytes", "dir", &free);
+        stats::Stats::labelled(&mut out, "sluice_server_data_dir_capacity_bytes", "dir", &capacity);
+        out
     }
 }
 

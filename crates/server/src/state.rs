@@ -83,9 +83,11 @@ impl ServerState {
         let on_done = {
             let (flushing, stats, done) =
                 (flushing_bytes.clone(), stats.clone(), flushes_done.clone());
-            Arc::new(move |bytes: u64, last: bool| {
+            Arc::new(move |bytes: u64, last: bool, micros: u64| {
                 flushing.fetch_sub(bytes, Ordering::AcqRel);
                 stats.flushed_bytes.fetch_add(bytes, Ordering::Relaxed);
+                stats.flushes.fetch_add(1, Ordering::Relaxed);
+                stats.flush_us.fetch_add(micros, Ordering::Relaxed);
                 if last {
                     done.notify_waiters();
                 }

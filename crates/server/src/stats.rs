@@ -14,6 +14,10 @@ pub struct Stats {
     pub pushes_held: AtomicU64,
     pub push_hold_us: AtomicU64,
     pub flushed_bytes: AtomicU64,
+    /// Flush plans carried out, and the time they took in all (writes, retries and moves), in
+    /// microseconds: their ratio is the average flush latency.
+    pub flushes: AtomicU64,
+    pub flush_us: AtomicU64,
     pub commits: AtomicU64,
     /// Time commits spent flushing and waiting for the flushers, in microseconds.
     pub commit_wait_us: AtomicU64,
@@ -35,6 +39,8 @@ impl Stats {
             ("sluice_server_pushes_held_total", g(&self.pushes_held)),
             ("sluice_server_push_hold_microseconds_total", g(&self.push_hold_us)),
             ("sluice_server_flushed_bytes_total", g(&self.flushed_bytes)),
+            ("sluice_server_flushes_total", g(&self.flushes)),
+            ("sluice_server_flush_microseconds_total", g(&self.flush_us)),
             ("sluice_server_commits_total", g(&self.commits)),
             ("sluice_server_commit_wait_microseconds_total", g(&self.commit_wait_us)),
             ("sluice_server_streams_opened_total", g(&self.streams_opened)),
@@ -43,6 +49,16 @@ impl Stats {
             ("sluice_server_request_errors_total", g(&self.errors)),
             ("sluice_server_apps_expired_total", g(&self.apps_expired)),
         ]
+    }
+
+    /// Appends a gauge with one series per `(label value, value)`, the value escaped as the
+    /// text format wants (`\\`, `\"`, `\n`).
+    pub fn labelled(out: &mut String, name: &str, label: &str, series: &[(String, u64)]) {
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        for (value, v) in series {
+            let escaped = value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+            let _ = writeln!(out, "{name}{{{label}=\"{escaped}\"}} {v}");
+        }
     }
 
     /// Prometheus text exposition of the counters plus `extra` gauges.

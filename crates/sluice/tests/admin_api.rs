@@ -49,6 +49,18 @@ const SERVER_METRICS: &[&str] = &[
     "sluice_server_data_dirs_full",
     "sluice_server_data_dirs_failed",
     "sluice_server_draining",
+    // Added for the dashboard: flush latency, the pause, connections, what is held, and series
+    // per application and per data directory.
+    "sluice_server_flushes_total",
+    "sluice_server_flush_microseconds_total",
+    "sluice_server_memory_paused",
+    "sluice_server_connections_open",
+    "sluice_server_shuffles_held",
+    "sluice_server_partitions_held",
+    "sluice_server_app_buffered_bytes",
+    "sluice_server_app_stored_bytes",
+    "sluice_server_data_dir_free_bytes",
+    "sluice_server_data_dir_capacity_bytes",
 ];
 
 /// One admin endpoint under test, checked against the OpenAPI document.
@@ -171,12 +183,26 @@ async fn every_endpoint_answers_as_the_openapi_document_says() {
         let a_metrics = c.anonymous.call("GET".parse().unwrap(), "/metrics", Bytes::new());
         let text = String::from_utf8(a_metrics.await.unwrap().body.to_vec()).unwrap();
         assert!(text.contains("sluice_coordinator_live_servers 2"), "{text}");
+        for line in [
+            "sluice_coordinator_servers{state=\"live\"} 2",
+            "sluice_coordinator_servers{state=\"lost\"} 0",
+            "sluice_coordinator_applications 1",
+            "sluice_coordinator_shuffles 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no `{line}` in {text}");
+        }
         c.get("/metrics", "/metrics", 200).await;
         srv.get("/metrics", "/metrics", 200).await;
-        let names: BTreeSet<String> =
-            s1.scrape().expect("scrape").keys().map(|k| k.to_owned()).collect();
+        let scraped = s1.scrape().expect("scrape");
+        let name = |k: &String| k.split('{').next().unwrap_or(k).to_owned();
+        let names: BTreeSet<String> = scraped.keys().map(name).collect();
         let want: BTreeSet<String> = SERVER_METRICS.iter().map(|s| s.to_string()).collect();
         assert_eq!(names, want, "the server's metric names changed");
+        // The shuffle held is the application's series; each data directory has one.
+        let app_series = format!("sluice_server_app_stored_bytes{{app=\"{APP}\"}}");
+        assert!(scraped.contains_key(&app_series), "no series {app_series}: {scraped:?}");
+        let dirs = scraped.keys().filter(|k| k.starts_with("sluice_server_data_dir_free_bytes{"));
+        assert_eq!(dirs.count(), 1, "one data directory, one series");
 
         // Coordinator: the page, servers (with what each reports of itself), apps, shuffles.
         c.get("/", "/", 200).await;
