@@ -57,9 +57,14 @@ pub struct ServerConfig {
     pub recycle_bytes_per_dir: u64,
     /// An application with no heartbeat for this long is expired and its data deleted, in ms.
     pub app_expiry_ms: u64,
-    /// After SIGUSR1 (drain), the server stops once it holds no shuffle, or after this many
-    /// milliseconds, whichever comes first.
+    /// After SIGTERM, the server stops once no shuffle of it takes pushes any more (every one it
+    /// holds is committed, and so durable), or after this many milliseconds, whichever comes
+    /// first; after SIGUSR1, once it holds no shuffle at all, or after this long.
     pub drain_timeout_ms: u64,
+    /// Make each commit durable before answering it: the shuffle's files are synced and its
+    /// commit record written next to them, so a restarted server serves it again. `false`: no
+    /// sync and no record; a restart loses what the server held (the old behaviour).
+    pub durable_commit: bool,
     /// Coordinator addresses (`host:port`) to heartbeat to.
     pub coordinators: Vec<String>,
     /// Interval between heartbeats to each coordinator, in milliseconds.
@@ -92,6 +97,7 @@ impl Default for ServerConfig {
             recycle_bytes_per_dir: 2 << 30,
             app_expiry_ms: 120_000,
             drain_timeout_ms: 3_600_000,
+            durable_commit: true,
             coordinators: Vec::new(),
             heartbeat_interval_ms: 1_000,
             transport: sluice_transport::ServerConfig::default(),

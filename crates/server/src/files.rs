@@ -108,7 +108,7 @@ pub fn sanitize(app_id: &str) -> String {
 }
 
 /// A shuffle's directory inside a data directory.
-fn shuffle_dir(dir: &DataDir, key: &ShuffleKey) -> PathBuf {
+pub(crate) fn shuffle_dir(dir: &DataDir, key: &ShuffleKey) -> PathBuf {
     dir.path.join(sanitize(key.app_id())).join(key.shuffle_id().to_string())
 }
 

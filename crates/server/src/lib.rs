@@ -27,6 +27,7 @@
 
 mod config;
 mod core;
+mod durable;
 mod files;
 mod flusher;
 #[cfg(any(test, feature = "fuzzing"))]

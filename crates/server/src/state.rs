@@ -78,6 +78,19 @@ impl ServerState {
             config.recycle_bytes_per_dir,
         ));
         let stats = Arc::new(Stats::default());
+        let apps = Apps::default();
+        let recovered = crate::durable::recover(&storage);
+        if !recovered.shuffles.is_empty() || recovered.uncommitted > 0 {
+            tracing::info!(shuffles = recovered.shuffles.len(), lost = recovered.lost,
+                uncommitted_deleted = recovered.uncommitted,
+                "recovered the committed shuffles found on the data directories");
+        }
+        stats.recovered_shuffles.store(recovered.shuffles.len() as u64, Ordering::Relaxed);
+        stats.recovered_lost.store(recovered.lost as u64, Ordering::Relaxed);
+        let now = Instant::now();
+        for s in recovered.shuffles {
+            apps.insert_recovered(s, now);
+        }
         let flushing_bytes = Arc::new(AtomicU64::new(0));
         let flushes_done = Arc::new(Notify::new());
         let on_done = {
@@ -110,7 +123,7 @@ impl ServerState {
             stats,
             body_pool,
             flushers,
-            apps: Apps::default(),
+            apps,
             streams: Streams::default(),
             flushing_bytes,
             flushes_done,
@@ -384,9 +397,9 @@ impl ServerState {
         // Reused files are cut to this shuffle's data, so that no earlier shuffle's bytes (another
         // application's, perhaps) stay in them for as long as this shuffle lives. The files are
         // held (`ends`) while they are cut, so the recycle pool cannot hand one out meanwhile.
+        let files = shuffle.file_ends();
         if !shuffle.is_deleted() {
-            let ends: Vec<_> =
-                shuffle.file_ends().into_iter().map(|(f, end)| (f.file.clone(), end)).collect();
+            let ends: Vec<_> = files.iter().map(|(f, end)| (f.file.clone(), *end)).collect();
             let cut = tokio::task::spawn_blocking(move || crate::storage::cut_stale_tails(&ends))
                 .await
                 .unwrap_or(0);
@@ -395,6 +408,9 @@ impl ServerState {
             }
         }
         let partitions = shuffle.finish_commit()?;
+        if self.config.durable_commit && !shuffle.is_deleted() {
+            self.make_durable(&shuffle, files.into_iter().map(|(f, _)| f).collect()).await?;
+        }
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
         let waited = started.elapsed();
         self.stats.commit_wait_us.fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
@@ -405,6 +421,25 @@ impl ServerState {
             "committed"
         );
         Ok(Response::msg(CommitResult { shuffle_id, partitions }))
+    }
+
+    /// Syncs a committed shuffle's files and writes its commit record (see `durable`); the
+    /// commit is answered only after this.
+    async fn make_durable(&self, shuffle: &ShuffleRef, files: Vec<FileRef>) -> Result<(), Refusal> {
+        let started = Instant::now();
+        let record = shuffle.commit_record(|f: &FileRef| f.dir.path.display().to_string());
+        let (storage, key) = (self.storage.clone(), shuffle.key().clone());
+        let done = tokio::task::spawn_blocking(move || {
+            crate::durable::persist(&storage, &key, &record, &files)
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+        let took = started.elapsed();
+        self.stats.commit_sync_us.fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        done.map_err(|e| {
+            tracing::error!(shuffle = %shuffle.key(), error = %e, "commit could not be made durable");
+            Refusal::new(ErrorCode::StorageFailed, format!("the commit could not be made durable: {e}"))
+        })
     }
 
     fn open_stream(&self, o: OpenStream, max_frame: u32) -> Result<Response, Refusal> {
@@ -495,6 +530,12 @@ impl ServerState {
     /// Shuffles held, of every application.
     pub fn shuffles_held(&self) -> usize {
         self.apps.shuffles_held()
+    }
+
+    /// Shuffles held that are not committed yet (see [`ServerConfig::durable_commit`]: the
+    /// committed ones survive a restart).
+    pub fn unsealed_shuffles(&self) -> usize {
+        self.apps.unsealed()
     }
 
     /// Every application and what its shuffles hold now (for the status API).

@@ -21,6 +21,12 @@ pub struct Stats {
     pub commits: AtomicU64,
     /// Time commits spent flushing and waiting for the flushers, in microseconds.
     pub commit_wait_us: AtomicU64,
+    /// Time commits spent making their data and commit record durable, in microseconds.
+    pub commit_sync_us: AtomicU64,
+    /// Committed shuffles read back at start.
+    pub recovered_shuffles: AtomicU64,
+    /// Partitions (and whole shuffles with an unreadable record) found lost at start.
+    pub recovered_lost: AtomicU64,
     pub streams_opened: AtomicU64,
     pub fetched_chunks: AtomicU64,
     pub fetched_bytes: AtomicU64,
@@ -43,6 +49,9 @@ impl Stats {
             ("sluice_server_flush_microseconds_total", g(&self.flush_us)),
             ("sluice_server_commits_total", g(&self.commits)),
             ("sluice_server_commit_wait_microseconds_total", g(&self.commit_wait_us)),
+            ("sluice_server_commit_sync_microseconds_total", g(&self.commit_sync_us)),
+            ("sluice_server_recovered_shuffles_total", g(&self.recovered_shuffles)),
+            ("sluice_server_recovered_lost_total", g(&self.recovered_lost)),
             ("sluice_server_streams_opened_total", g(&self.streams_opened)),
             ("sluice_server_fetched_chunks_total", g(&self.fetched_chunks)),
             ("sluice_server_fetched_bytes_total", g(&self.fetched_bytes)),

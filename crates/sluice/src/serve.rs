@@ -1,6 +1,7 @@
 //! `sluice server` and `sluice coordinator`: load the config, bind, print the bound address on
 //! stdout (`listening on HOST:PORT`, for scripts and tests that use port 0), serve the admin
-//! endpoint (`metrics on HOST:PORT`) when asked, serve until Ctrl-C or SIGTERM.
+//! endpoint (`metrics on HOST:PORT`) when asked, serve until Ctrl-C or SIGTERM (a server drains
+//! first: see `server_stop`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -45,6 +46,10 @@ pub struct ServerArgs {
     /// A coordinator to heartbeat to (repeat for several).
     #[arg(long = "coordinator")]
     coordinators: Vec<String>,
+    /// Delete everything in the data directories before starting, instead of serving again the
+    /// committed shuffles found there.
+    #[arg(long)]
+    clean: bool,
 }
 
 /// `sluice coordinator` flags.
@@ -112,6 +117,11 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     let config: sluice_server::ServerConfig =
         load(args.common.config.as_deref(), "SLUICE_SERVER_", &args.common.sets(extra))?;
     let listen = config.listen.clone();
+    if args.clean {
+        for d in &config.data_dirs {
+            clean_dir(d).with_context(|| format!("--clean: emptying {}", d.display()))?;
+        }
+    }
     let server = sluice_server::Server::new(config).map_err(anyhow::Error::msg)?;
     let listener = bind(&listen).await?;
     if let Some(m) = &args.common.metrics_listen {
@@ -123,43 +133,84 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// When a server stops: at once on Ctrl-C or SIGTERM; after SIGUSR1 it drains (takes no new
-/// partitions, see `ServerState::start_draining`) and stops once it holds no shuffle (the
-/// applications unregistered them, ended or expired) or after `drain_timeout_ms`. A drain
-/// cancelled meanwhile (admin API, coordinator) cancels the stop too, until the next SIGUSR1.
+/// Empties a data directory (`sluice server --clean`); a missing one is fine.
+fn clean_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for e in entries {
+        let e = e?;
+        if e.file_type()?.is_dir() {
+            std::fs::remove_dir_all(e.path())?;
+        } else {
+            std::fs::remove_file(e.path())?;
+        }
+    }
+    tracing::info!(dir = %dir.display(), "data directory emptied (--clean)");
+    Ok(())
+}
+
+/// When a server stops.
+/// - SIGTERM (a planned stop or restart): it drains (takes no new partitions, see
+///   `ServerState::start_draining`), keeps taking pushes to the shuffles it holds and serving
+///   reads, and stops once every shuffle it holds is committed (durable: a restart on the same
+///   directories serves them again) or after `drain_timeout_ms`. A second SIGTERM, or Ctrl-C,
+///   stops it at once. Without `durable_commit` it stops at once (a restart loses everything).
+/// - SIGUSR1 (decommission): it drains and stops once it holds no shuffle at all (the
+///   applications unregistered them, ended or expired) or after `drain_timeout_ms`. A drain
+///   cancelled meanwhile (admin API, coordinator) cancels this stop, until the next SIGUSR1.
+///
 /// A drain asked through the admin API alone does not stop the process: whoever asked for it
 /// stops it (a Kubernetes `preStop` hook, an operator).
 async fn server_stop(state: Arc<sluice_server::ServerState>) {
-    let mut usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
-        .expect("SIGUSR1 handler");
-    let shutdown = shutdown_signal();
-    tokio::pin!(shutdown);
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut usr1 = signal(SignalKind::user_defined1()).expect("SIGUSR1 handler");
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let timeout = Duration::from_millis(state.config().drain_timeout_ms);
     loop {
-        tokio::select! {
-            _ = &mut shutdown => return,
-            _ = usr1.recv() => {}
+        let decommission = tokio::select! {
+            _ = tokio::signal::ctrl_c() => return,
+            _ = term.recv() => false,
+            _ = usr1.recv() => true,
+        };
+        if !decommission && !state.config().durable_commit {
+            tracing::info!("SIGTERM: stopping (durable_commit is off: what this server holds is lost)");
+            return;
         }
         state.start_draining();
-        let timeout = Duration::from_millis(state.config().drain_timeout_ms);
+        let done = |s: &sluice_server::ServerState| {
+            if decommission { s.shuffles_held() } else { s.unsealed_shuffles() }
+        };
+        if !decommission {
+            tracing::info!(uncommitted = done(&state),
+                "SIGTERM: draining; stopping once every shuffle held is committed");
+        }
         let drained = async {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            let mut tick = tokio::time::interval(Duration::from_millis(200));
             loop {
                 tick.tick().await;
-                if !state.is_draining() {
+                if decommission && !state.is_draining() {
                     return false;
                 }
-                if state.shuffles_held() == 0 {
-                    tracing::info!("drained: no shuffle left; stopping");
+                if done(&state) == 0 {
+                    tracing::info!(shuffles_held = state.shuffles_held(),
+                        "drained: nothing left that a stop would lose; stopping");
                     return true;
                 }
             }
         };
         tokio::select! {
-            _ = &mut shutdown => return,
+            _ = tokio::signal::ctrl_c() => return,
+            _ = term.recv() => {
+                tracing::info!("second SIGTERM: stopping now");
+                return;
+            }
             done = drained => if done { return },
             _ = tokio::time::sleep(timeout) => {
-                tracing::warn!(shuffles = state.shuffles_held(),
-                    "drain timeout: stopping with shuffles still held");
+                tracing::warn!(shuffles = state.shuffles_held(), uncommitted = state.unsealed_shuffles(),
+                    "drain timeout: stopping");
                 return;
             }
         }

@@ -68,7 +68,7 @@ async fn a_draining_server_gets_no_new_partitions_serves_what_it_holds_and_then_
             client.unregister_shuffle(&first).await.expect("unregister");
             let stopped = eventually(15, || !leaving.is_running()).await;
             assert!(stopped, "still running with nothing left; log:\n{}", leaving.log_text());
-            assert!(leaving.log_text().contains("drained: no shuffle left"));
+            assert!(leaving.log_text().contains("drained: nothing left that a stop would lose"));
         },
     )
     .await

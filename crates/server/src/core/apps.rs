@@ -55,6 +55,17 @@ impl<F: Clone> Apps<F> {
         }
     }
 
+    /// Holds a shuffle read back at start, as if its application had been heard from at `now`
+    /// (it expires like any other if no heartbeat follows). A shuffle of the same key already
+    /// held stays.
+    pub fn insert_recovered(&self, shuffle: Shuffle<F>, now: Instant) {
+        let mut apps = self.apps.lock();
+        let app = apps
+            .entry(shuffle.key().app_id().to_owned())
+            .or_insert_with(|| App { last_seen: now, shuffles: HashMap::new() });
+        app.shuffles.entry(shuffle.key().shuffle_id()).or_insert_with(|| Arc::new(shuffle));
+    }
+
     /// Registers a shuffle (and its application, if new). Registering it again with the same
     /// sizes is a no-op; with other sizes, a refusal.
     pub fn register_shuffle(
@@ -161,6 +172,14 @@ impl<F: Clone> Apps<F> {
     /// Shuffles held, of every application.
     pub fn shuffles_held(&self) -> usize {
         self.apps.lock().values().map(|a| a.shuffles.len()).sum()
+    }
+
+    /// Shuffles held that are not readable yet (open for pushes, or committing): what a restart
+    /// would lose.
+    pub fn unsealed(&self) -> usize {
+        let apps = self.apps.lock();
+        let all = apps.values().flat_map(|a| a.shuffles.values());
+        all.filter(|s| s.lifecycle() < super::shuffle::Lifecycle::Readable).count()
     }
 
     /// Partitions of all shuffles held.

@@ -5,6 +5,7 @@
 //! `(map, attempt)`, so a reader of some attempts is sent a few byte ranges of it and nothing else.
 
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 
 /// Chunks start at multiples of this (the page size): writing into a recycled file never makes
 /// the kernel read a partial page first.
@@ -23,7 +24,7 @@ pub fn padded_len(len: u64) -> u64 {
 
 /// Consecutive batches of one map attempt: `len` bytes, batch headers included. A plain value
 /// (what a push's batch headers say), so its fields are open.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Run {
     /// The map the batches are of.
     pub map_id: u32,
@@ -43,7 +44,7 @@ pub struct ByteRange {
 }
 
 /// A flushed region of a partition file.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Chunk {
     /// Which of the partition's files (their number, in opening order).
     file: u32,

@@ -3,6 +3,7 @@
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
+use serde::{Deserialize, Serialize};
 use sluice_proto::message::{CommittedMap, MapAttempt};
 
 /// How many later attempts of one map a server remembers; an engine makes a handful (retries,
@@ -11,7 +12,7 @@ pub const MAX_LATER_ATTEMPTS: usize = 64;
 
 /// What a map's attempts reported: the winner's (the first to arrive), and the later
 /// attempts', which are read only when a reader names them (`OpenStream::attempts`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct MapEnd {
     attempt_id: u32,
     /// partition → batches pushed there.
@@ -40,7 +41,7 @@ pub enum Ended {
 }
 
 /// Every map's ends of one shuffle.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct MapEnds {
     maps: HashMap<u32, MapEnd>,
 }

@@ -21,6 +21,7 @@
 //! - `chunk`: runs of map attempts, chunks and their byte ranges, page padding.
 //! - `partition`: a partition's buffer, files and cursors, chunk index; flush plans.
 //! - `maps`: `MapperEnd` records and which attempts a stream reads.
+//! - `record`: the commit record made durable at commit and read back at start.
 //! - `shuffle`: a shuffle's lifecycle and its requests: push, commit, open stream, delete.
 //! - `apps`: applications and their shuffles.
 //! - `streams`: open read streams.
@@ -31,6 +32,7 @@ mod chunk;
 mod key;
 mod maps;
 mod partition;
+mod record;
 mod refusal;
 mod report;
 mod shuffle;
@@ -45,6 +47,7 @@ pub use chunk::padded_len;
 pub use chunk::ByteRange;
 pub use key::ShuffleKey;
 pub use partition::{FileSource, FlushOutcome, FlushPlan};
+pub use record::{decode as decode_record, Decoded};
 pub use refusal::Refusal;
 pub use report::{AppReport, ShuffleReport};
 pub use shuffle::Lifecycle;

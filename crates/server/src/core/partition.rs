@@ -13,6 +13,7 @@ use sluice_proto::ErrorCode;
 
 use super::chunk::{group_by_attempt, padded_len, padding, ByteRange, Chunk, Run};
 use super::key::ShuffleKey;
+use super::record::PartitionRecord;
 use super::refusal::Refusal;
 use crate::memory_budget::Reservation;
 
@@ -149,6 +150,36 @@ impl<F> Default for Partition<F> {
 }
 
 impl<F: Clone> Partition<F> {
+    /// A committed partition read back at start: its files (by number) and chunk index, or why
+    /// it is lost. Nothing is buffered, and nothing will be written to it.
+    pub(super) fn recovered(stored: Result<(Vec<F>, Vec<Chunk>), String>) -> Self {
+        match stored {
+            Ok((files, chunks)) => {
+                let files = files
+                    .into_iter()
+                    .enumerate()
+                    .map(|(n, handle)| {
+                        let in_file = chunks.iter().filter(|c| c.file() as usize == n);
+                        PartitionFile { handle, cursor: in_file.map(Chunk::padded_end).max().unwrap_or(0) }
+                    })
+                    .collect();
+                Partition { buffer: Buffer::default(), files, chunks, health: Health::Storing }
+            }
+            Err(why) => Partition { health: Health::Lost(why), ..Partition::default() },
+        }
+    }
+
+    /// What the commit record says of the partition; `name` names each file (where it lives).
+    pub(super) fn record(&self, name: &impl Fn(&F) -> String) -> PartitionRecord {
+        match &self.health {
+            Health::Lost(why) => PartitionRecord::Lost(why.clone()),
+            _ => PartitionRecord::Stored {
+                files: self.files.iter().map(|f| name(&f.handle)).collect(),
+                chunks: self.chunks.clone(),
+            },
+        }
+    }
+
     /// Refuses data for a partition that lost some, or whose shuffle is gone.
     pub(super) fn check_storing(&self, pid: u32) -> Result<(), Refusal> {
         match &self.health {

@@ -10,10 +10,11 @@ use sluice_proto::batch::{validate_batches, BATCH_HEADER_LEN};
 use sluice_proto::message::{CommittedMap, OpenStream, PartitionSize, Section};
 use sluice_proto::ErrorCode;
 
-use super::chunk::{ByteRange, Run};
+use super::chunk::{ByteRange, Chunk, Run};
 use super::key::ShuffleKey;
 use super::maps::{Ended, MapEnds};
 use super::partition::{FileSource, FlushOutcome, FlushPlan, Partition};
+use super::record::{self, Decoded, PartitionRecord};
 use super::refusal::Refusal;
 use super::report::ShuffleReport;
 use crate::memory_budget::Reservation;
@@ -84,6 +85,9 @@ pub struct Shuffle<F> {
     maps: Mutex<MapEnds>,
     /// Flush plans handed out and not yet reported back, over all partitions.
     flushes_in_flight: AtomicU64,
+    /// Set for a shuffle whose commit record could not be read at start (why): every stream of
+    /// it is `DATA_LOST`.
+    lost: Option<String>,
 }
 
 impl<F: Clone> Shuffle<F> {
@@ -98,7 +102,70 @@ impl<F: Clone> Shuffle<F> {
             partitions: (0..num_partitions).map(|_| Mutex::new(Partition::default())).collect(),
             maps: Mutex::new(MapEnds::default()),
             flushes_in_flight: AtomicU64::new(0),
+            lost: None,
         }
+    }
+
+    /// A committed shuffle read back from its commit record at start: readable at once. `open`
+    /// opens file `name` of a partition (partition, file number, name, the end its chunks need)
+    /// or says why it cannot; a partition with a file that cannot be opened is lost.
+    pub fn recovered(
+        d: Decoded,
+        mut open: impl FnMut(u32, u32, &str, u64) -> Result<F, String>,
+    ) -> Self {
+        let key = ShuffleKey::new(&d.app_id, d.shuffle_id);
+        let partitions = d.partitions.into_iter().enumerate().map(|(pid, r)| {
+            let stored = match r {
+                Ok(PartitionRecord::Stored { files, chunks }) => {
+                    let needed = |n: usize| {
+                        let in_file = chunks.iter().filter(|c| c.file() as usize == n);
+                        in_file.map(Chunk::padded_end).max().unwrap_or(0)
+                    };
+                    let opened: Result<Vec<F>, String> = files
+                        .iter()
+                        .enumerate()
+                        .map(|(n, name)| open(pid as u32, n as u32, name, needed(n)))
+                        .collect();
+                    opened.map(|files| (files, chunks))
+                }
+                Ok(PartitionRecord::Lost(why)) => Err(why),
+                Err(why) => Err(why),
+            };
+            Mutex::new(Partition::recovered(stored))
+        });
+        Shuffle {
+            key,
+            num_maps: d.num_maps,
+            chunk_bytes: d.chunk_bytes,
+            lifecycle: AtomicU8::new(Lifecycle::Readable as u8),
+            partitions: partitions.collect(),
+            maps: Mutex::new(d.maps),
+            flushes_in_flight: AtomicU64::new(0),
+            lost: None,
+        }
+    }
+
+    /// A shuffle whose commit record was found at start but cannot be read (why): it serves
+    /// `DATA_LOST` to every reader, so they fail over or re-run its maps.
+    pub fn lost_at_start(key: ShuffleKey, why: String) -> Self {
+        let mut s = Shuffle::new(key, 0, 0, 0);
+        s.lifecycle = AtomicU8::new(Lifecycle::Readable as u8);
+        s.lost = Some(why);
+        s
+    }
+
+    /// The commit record of a readable shuffle (see `record`): its map ends and each
+    /// partition's files, named by `name`, and chunk index.
+    pub fn commit_record(&self, name: impl Fn(&F) -> String) -> Vec<u8> {
+        let maps = self.maps.lock().clone();
+        let parts: Vec<PartitionRecord> =
+            self.partitions.iter().map(|p| p.lock().record(&name)).collect();
+        record::encode(
+            (self.key.app_id(), self.key.shuffle_id()),
+            (self.num_maps, self.chunk_bytes),
+            &maps,
+            parts.into_iter(),
+        )
     }
 
     /// Which shuffle this is.
@@ -402,6 +469,10 @@ impl<F: Clone> Shuffle<F> {
             });
         }
         let pid = o.partition_id;
+        if let Some(why) = &self.lost {
+            let why = format!("{} lost at the server's restart: {why}", self.key);
+            return Err(Refusal::new(ErrorCode::DataLost, why));
+        }
         let Some(p) = self.partitions.get(pid as usize) else {
             let why = format!("partition {pid} does not exist");
             return Err(Refusal::new(ErrorCode::InvalidRequest, why));
@@ -452,6 +523,12 @@ impl<F: Clone> Shuffle<F> {
         };
         let bodies = p.lock().serve(span, wanted, body)?;
         Ok((bodies, committed))
+    }
+
+    /// The partitions that lost data, with why.
+    pub fn lost_partitions(&self) -> Vec<(u32, String)> {
+        let each = self.partitions.iter().enumerate();
+        each.filter_map(|(pid, p)| p.lock().lost().map(|why| (pid as u32, why.to_owned()))).collect()
     }
 
     /// What the shuffle holds now.

@@ -1,0 +1,252 @@
+//! Durable commits and recovery at start.
+//!
+//! **At commit**, once every flush of a shuffle is written, the server makes its data durable
+//! (`fdatasync` of each of its files on a directory, or one `syncfs` of the directory's file
+//! system when it holds many of them), then writes the shuffle's commit record (see
+//! `core::record`) as `index` in the shuffle's directory on each data directory that holds a
+//! file of it: written to a temporary name, synced, renamed, and the directories synced. Only
+//! then is the commit answered: a commit a writer saw succeed survives a crash of the server.
+//!
+//! **At start**, the server reads every shuffle directory of its data directories: a shuffle
+//! with a commit record is served again (a partition whose files are missing or short, or whose
+//! entry in the record is damaged, is lost: its readers get `DATA_LOST`); a shuffle without one
+//! was never committed and is deleted; a record that cannot be read at all makes the shuffle
+//! lost as a whole. Its application is then held as if just heard from: it expires like any
+//! other when no heartbeat follows (`app_expiry_ms`).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::core::{decode_record, Decoded, Shuffle, ShuffleKey};
+use crate::files::{sanitize, shuffle_dir, DataFile, FileRef};
+use crate::storage::{DataDir, Storage, RECYCLE_DIR};
+
+/// The commit record's file name inside a shuffle's directory.
+pub const INDEX_FILE: &str = "index";
+/// Prefix of a commit record being written (deleted at start: never renamed, so never used).
+const INDEX_TMP_PREFIX: &str = ".index.tmp.";
+/// Above this many files of one shuffle on one directory, one `syncfs` replaces their
+/// `fdatasync`s.
+const SYNCFS_ABOVE_FILES: usize = 32;
+
+/// Makes a committed shuffle durable: `files` synced, then `record` written next to them (see
+/// the module's notes). Blocking. A shuffle deleted meanwhile (its directory gone) gets no
+/// record.
+pub fn persist(storage: &Storage, key: &ShuffleKey, record: &[u8], files: &[FileRef]) -> io::Result<()> {
+    let mut by_dir: BTreeMap<usize, (Arc<DataDir>, Vec<&FileRef>)> = BTreeMap::new();
+    for f in files {
+        by_dir.entry(f.dir.index).or_insert_with(|| (f.dir.clone(), Vec::new())).1.push(f);
+    }
+    for (dir, files) in by_dir.values() {
+        if files.len() > SYNCFS_ABOVE_FILES {
+            let d = File::open(&dir.path)?;
+            rustix::fs::syncfs(&d).map_err(io::Error::from)?;
+        } else {
+            for f in files {
+                f.file.sync_data().map_err(|e| context(e, &f.path))?;
+            }
+        }
+    }
+    // A shuffle with no data at all still has a record (its readers must find it), on the
+    // directory with most room.
+    let mut dirs: Vec<(Arc<DataDir>, bool)> =
+        by_dir.into_values().map(|(d, _)| (d, true)).collect();
+    if dirs.is_empty() {
+        dirs.extend(storage.choose(None).map(|d| (d, false)));
+    }
+    for (dir, has_files) in dirs {
+        let sdir = shuffle_dir(&dir, key);
+        if has_files && !sdir.is_dir() {
+            continue; // deleted meanwhile: leave nothing behind
+        }
+        std::fs::create_dir_all(&sdir).map_err(|e| context(e, &sdir))?;
+        write_synced(&sdir, record).map_err(|e| context(e, &sdir))?;
+    }
+    Ok(())
+}
+
+fn context(e: io::Error, path: &Path) -> io::Error {
+    io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+}
+
+/// Writes `record` as `sdir/index` through a temporary file; syncs the file, then the shuffle's
+/// directory and its parents up to the data directory (new directory entries).
+fn write_synced(sdir: &Path, record: &[u8]) -> io::Result<()> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let tmp = sdir.join(format!("{INDEX_TMP_PREFIX}{}", NEXT.fetch_add(1, Ordering::Relaxed)));
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+    let written = f.write_all(record).and_then(|()| f.sync_data());
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, sdir.join(INDEX_FILE))?;
+    let mut at = Some(sdir);
+    for _ in 0..3 {
+        let Some(d) = at else { break };
+        File::open(d)?.sync_all()?;
+        at = d.parent();
+    }
+    Ok(())
+}
+
+/// What a start found on the data directories.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    /// Committed shuffles, readable again (some partitions may be lost).
+    pub shuffles: Vec<Shuffle<FileRef>>,
+    /// Shuffles never committed, whose files were deleted.
+    pub uncommitted: usize,
+    /// Partitions reported lost (damaged record entries, missing or short files), and shuffles
+    /// whose record could not be read at all.
+    pub lost: usize,
+}
+
+/// Reads back every shuffle on the directories in service (see the module's notes). Blocking.
+pub fn recover(storage: &Storage) -> Recovered {
+    // (app directory, shuffle) → its directories, one per data directory holding any of it.
+    let mut found: BTreeMap<(String, u32), Vec<(Arc<DataDir>, PathBuf)>> = BTreeMap::new();
+    for dir in storage.dirs().iter().filter(|d| !d.is_failed()) {
+        for (app, app_path) in subdirs(&dir.path) {
+            if app == RECYCLE_DIR || app.starts_with('.') {
+                continue;
+            }
+            for (shuffle, path) in subdirs(&app_path) {
+                match shuffle.parse::<u32>() {
+                    Ok(id) => found.entry((app.clone(), id)).or_default().push((dir.clone(), path)),
+                    Err(_) => tracing::warn!(path = %path.display(),
+                        "not a shuffle directory; left alone"),
+                }
+            }
+        }
+    }
+    let mut out = Recovered::default();
+    for ((app, shuffle_id), places) in found {
+        let mut records: Vec<Result<Decoded, String>> = Vec::new();
+        for (_, path) in &places {
+            remove_tmp_records(path);
+            match std::fs::read(path.join(INDEX_FILE)) {
+                Ok(bytes) => records.push(decode_record(&bytes).and_then(|d| {
+                    if sanitize(&d.app_id) == app && d.shuffle_id == shuffle_id {
+                        Ok(d)
+                    } else {
+                        Err(format!("it is of shuffle {} of {}", d.shuffle_id, d.app_id))
+                    }
+                })),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => records.push(Err(format!("cannot read it: {e}"))),
+            }
+        }
+        if records.is_empty() {
+            for (_, path) in &places {
+                if let Err(e) = std::fs::remove_dir_all(path) {
+                    tracing::warn!(path = %path.display(), error = %e,
+                        "cannot delete an uncommitted shuffle's files");
+                }
+            }
+            for (dir, _) in &places {
+                let _ = std::fs::remove_dir(dir.path.join(&app));
+            }
+            tracing::info!(app = %app, shuffle = shuffle_id,
+                "shuffle was never committed; its files are deleted");
+            out.uncommitted += 1;
+            continue;
+        }
+        let shuffle = match merge(records) {
+            Ok(d) => Shuffle::recovered(d, |pid, n, name, needed| {
+                open_partition_file(storage, &app, shuffle_id, (pid, n), name, needed)
+            }),
+            Err(why) => {
+                tracing::error!(app = %app, shuffle = shuffle_id, reason = %why,
+                    "commit record unreadable: the shuffle is reported lost");
+                out.lost += 1;
+                Shuffle::lost_at_start(ShuffleKey::new(&app, shuffle_id), why)
+            }
+        };
+        for (pid, why) in shuffle.lost_partitions() {
+            tracing::error!(shuffle = %shuffle.key(), partition = pid, reason = %why,
+                "partition lost at restart; its readers get DATA_LOST");
+            out.lost += 1;
+        }
+        out.shuffles.push(shuffle);
+    }
+    out
+}
+
+/// The subdirectories of `path`, by name (none when it cannot be read).
+fn subdirs(path: &Path) -> Vec<(String, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(path) else { return Vec::new() };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
+        .collect()
+}
+
+fn remove_tmp_records(sdir: &Path) {
+    let Ok(entries) = std::fs::read_dir(sdir) else { return };
+    for e in entries.filter_map(Result::ok) {
+        if e.file_name().to_string_lossy().starts_with(INDEX_TMP_PREFIX) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// One record from the copies on several directories: the first readable one, each damaged
+/// partition entry of it taken from another copy where that one is sound.
+fn merge(records: Vec<Result<Decoded, String>>) -> Result<Decoded, String> {
+    let mut good = Vec::new();
+    let mut why = String::new();
+    for r in records {
+        match r {
+            Ok(d) => good.push(d),
+            Err(e) => why = e,
+        }
+    }
+    let mut copies = good.into_iter();
+    let mut best = copies.next().ok_or(why)?;
+    for other in copies {
+        if other.partitions.len() != best.partitions.len() {
+            continue;
+        }
+        for (mine, theirs) in best.partitions.iter_mut().zip(other.partitions) {
+            if mine.is_err() && theirs.is_ok() {
+                *mine = theirs;
+            }
+        }
+    }
+    Ok(best)
+}
+
+/// Opens file number `n` of partition `pid`, on the data directory `name` (its path), checking
+/// that it holds at least `needed` bytes.
+fn open_partition_file(
+    storage: &Storage,
+    app: &str,
+    shuffle_id: u32,
+    (pid, n): (u32, u32),
+    name: &str,
+    needed: u64,
+) -> Result<FileRef, String> {
+    let Some(dir) = storage.dirs().iter().find(|d| d.path.display().to_string() == name) else {
+        return Err(format!("its data directory {name} is no longer configured"));
+    };
+    if dir.is_failed() {
+        return Err(format!("its data directory {name} failed"));
+    }
+    let path = dir.path.join(app).join(shuffle_id.to_string()).join(format!("{pid}-{n}.data"));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let len = file.metadata().map_err(|e| format!("{}: {e}", path.display()))?.len();
+    if len < needed {
+        return Err(format!("{} holds {len} bytes, its chunks need {needed} (truncated)", path.display()));
+    }
+    Ok(Arc::new(DataFile { file: Arc::new(file), dir: dir.clone(), path }))
+}

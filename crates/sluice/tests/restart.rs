@@ -1,0 +1,311 @@
+//! Restart-safe servers: a committed shuffle survives SIGKILL and a restart on the same
+//! directories, byte-identical; an uncommitted one is deleted at start; a damaged or truncated
+//! commit record or data file makes partitions lost (`DATA_LOST`), never wrong bytes, and the
+//! server starts; SIGTERM waits for open shuffles to be committed; a SIGKILL during a commit
+//! leaves either the whole committed shuffle or a clean error.
+
+mod utils;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_proto::message::Assignment;
+use sluice_proto::ErrorCode;
+use utils::*;
+
+const PARTITIONS: u32 = 6;
+const MAPS: u32 = 3;
+
+/// A server on fixed directories and a fixed port, restartable.
+struct Restartable {
+    scratch: Scratch,
+    dirs: Vec<PathBuf>,
+    addr: SocketAddr,
+    sets: Vec<String>,
+}
+
+impl Restartable {
+    fn new(sets: &[&str]) -> (Restartable, Proc) {
+        let scratch = Scratch::new();
+        let dirs = vec![scratch.path().join("d1"), scratch.path().join("d2")];
+        let mut r = Restartable {
+            scratch,
+            dirs,
+            addr: "127.0.0.1:0".parse().unwrap(),
+            sets: sets.iter().map(|s| s.to_string()).collect(),
+        };
+        let p = r.start();
+        r.addr = p.addr;
+        (r, p)
+    }
+
+    fn start(&self) -> Proc {
+        self.scratch.server(&ServerSpec {
+            data_dirs: self.dirs.clone(),
+            metrics: true,
+            listen: (self.addr.port() != 0).then_some(self.addr),
+            sets: self.sets.clone(),
+            ..Default::default()
+        })
+    }
+
+    fn index_files(&self) -> Vec<PathBuf> {
+        self.dirs
+            .iter()
+            .flat_map(|d| files_under(d))
+            .filter(|f| f.file_name().is_some_and(|n| n == "index"))
+            .collect()
+    }
+
+    fn data_files(&self) -> Vec<PathBuf> {
+        self.dirs
+            .iter()
+            .flat_map(|d| files_under(d))
+            .filter(|f| f.extension().is_some_and(|e| e == "data"))
+            .collect()
+    }
+}
+
+/// Writes shuffle `a`: MAPS maps of 40 batches each over the partitions (map 1 also has a
+/// second, losing attempt), committed when `commit`.
+async fn write_shuffle(client: &sluice_client::ShuffleClient, a: &Arc<Assignment>, commit: bool) {
+    register_direct(client, a, MAPS).await.unwrap();
+    for t in spawn_writers(client, a, MAPS, 40, 20_000, |m, s| (m + s) % PARTITIONS) {
+        t.await.unwrap().unwrap();
+    }
+    let mut w = client.writer(a.clone(), 1, 7).await.unwrap();
+    for seq in 0..10 {
+        w.add_batch(seq % PARTITIONS, &framed(&[record(1, 7, seq, 3000)])).await.unwrap();
+    }
+    w.finish().await.unwrap();
+    if commit {
+        client.commit_shuffle(a).await.unwrap();
+    }
+}
+
+/// Every partition's records (ids and CRCs, sorted), or the error code of its read.
+async fn read_all(
+    client: &sluice_client::ShuffleClient,
+    a: &Assignment,
+) -> Vec<Result<Vec<(RecordId, u32)>, ErrorCode>> {
+    let mut out = Vec::new();
+    for p in 0..PARTITIONS {
+        out.push(match read_partition(client, a, p, 0, MAPS).await {
+            Ok(r) => {
+                let mut v = r.records;
+                v.sort();
+                Ok(v)
+            }
+            Err(e) => Err(code::<()>(Err(e))),
+        });
+    }
+    out
+}
+
+async fn metric(p: &Proc, name: &str) -> f64 {
+    sluice_testkit::metric(&p.metrics().await, name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_shuffle_is_served_again_after_sigkill_and_restart() {
+    bounded("a_committed_shuffle_is_served_again_after_sigkill_and_restart", 90, async {
+        let (r, mut server) = Restartable::new(&["chunk_bytes=65536"]);
+        let client = client("restart-app", None);
+        let a = assignment(1, &[r.addr], PARTITIONS);
+        write_shuffle(&client, &a, true).await;
+        let b = assignment(2, &[r.addr], PARTITIONS);
+        write_shuffle(&client, &b, false).await; // never committed
+        let before = read_all(&client, &a).await;
+        assert!(before.iter().all(|p| p.as_ref().is_ok_and(|v| !v.is_empty())), "{before:?}");
+        let records: usize = before.iter().map(|p| p.as_ref().unwrap().len()).sum();
+        assert_eq!(records, (MAPS * 40) as usize, "winners only");
+        assert!(!r.index_files().is_empty(), "no commit record written");
+        let uncommitted_dirs = r.dirs.iter().filter(|d| d.join("restart-app/2").exists()).count();
+        assert!(uncommitted_dirs > 0, "the uncommitted shuffle has files");
+
+        server.kill();
+        let server = r.start();
+        assert_eq!(metric(&server, "sluice_server_recovered_shuffles_total").await, 1.0);
+        assert_eq!(metric(&server, "sluice_server_recovered_lost_total").await, 0.0);
+        let after = read_all(&client, &a).await;
+        assert_eq!(after, before, "the restarted server serves other bytes");
+        // The losing attempt of map 1 is still there for a reader that names it.
+        let named = read_attempts(&client, &a, 1, 1, 2, &[(1, 7)]).await.unwrap();
+        assert!(named.records.iter().all(|(id, _)| id.attempt == 7) && !named.records.is_empty());
+        // The uncommitted shuffle is gone: files and all.
+        assert!(r.dirs.iter().all(|d| !d.join("restart-app/2").exists()));
+        assert_eq!(code(read_partition(&client, &b, 0, 0, MAPS).await), ErrorCode::UnknownShuffle);
+        // Still an ordinary shuffle: unregistering deletes it, and it stays deleted after a
+        // restart.
+        client.unregister_shuffle(&a).await.unwrap();
+        assert!(r.data_files().is_empty() && r.index_files().is_empty());
+    })
+    .await
+}
+
+/// Flips one byte in the middle of `path`.
+fn damage(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let i = bytes.len() / 2;
+    bytes[i] ^= 0x5A;
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_records_and_files_lose_partitions_never_bytes_and_the_server_starts() {
+    bounded("damaged_records_and_files_lose_partitions_never_bytes", 90, async {
+        let (r, mut server) = Restartable::new(&["chunk_bytes=65536"]);
+        let client = client("damage-app", None);
+        let a = assignment(1, &[r.addr], PARTITIONS);
+        write_shuffle(&client, &a, true).await;
+        let good = read_all(&client, &a).await;
+        let indexes = r.index_files();
+
+        // 1. One byte of every copy of the record flipped: what is hit is lost, the rest is
+        //    served as it was.
+        server.kill();
+        for f in &indexes {
+            damage(f);
+        }
+        let server = r.start();
+        assert!(metric(&server, "sluice_server_recovered_lost_total").await >= 1.0);
+        let got = read_all(&client, &a).await;
+        assert!(got.iter().any(|p| *p == Err(ErrorCode::DataLost)), "damage unseen: {got:?}");
+        for (p, (g, want)) in got.iter().zip(&good).enumerate() {
+            if let Ok(v) = g {
+                assert_eq!(Ok(v), want.as_ref(), "partition {p}: wrong bytes after damage");
+            }
+        }
+        drop(server);
+
+        // 2. The records cut to 10 bytes: the whole shuffle is lost.
+        for f in &indexes {
+            std::fs::OpenOptions::new().write(true).open(f).unwrap().set_len(10).unwrap();
+        }
+        let server = r.start();
+        let got = read_all(&client, &a).await;
+        assert!(got.iter().all(|p| *p == Err(ErrorCode::DataLost)), "{got:?}");
+        assert!(server.log_text().contains("commit record unreadable"), "no log line");
+        drop(server);
+
+        // 3. A sound record, but a data file cut short: that partition is lost.
+        let mut server = r.start();
+        client.unregister_shuffle(&a).await.unwrap();
+        let a = assignment(3, &[r.addr], PARTITIONS);
+        write_shuffle(&client, &a, true).await;
+        let good = read_all(&client, &a).await;
+        server.kill();
+        let victim = r.data_files().into_iter().find(|f| f.to_string_lossy().contains("/3/2-")).unwrap();
+        let len = std::fs::metadata(&victim).unwrap().len();
+        std::fs::OpenOptions::new().write(true).open(&victim).unwrap().set_len(len / 2).unwrap();
+        let server = r.start();
+        let got = read_all(&client, &a).await;
+        assert_eq!(got[2], Err(ErrorCode::DataLost));
+        for p in [0, 1, 3, 4, 5] {
+            assert_eq!(got[p], good[p], "partition {p}");
+        }
+        assert!(server.log_text().contains("truncated"), "no log line names the cut file");
+    })
+    .await
+}
+
+fn sigterm(p: &Proc) {
+    // SAFETY: kill(2) on a child's pid.
+    assert_eq!(unsafe { libc::kill(p.pid() as i32, libc::SIGTERM) }, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_waits_for_open_shuffles_to_be_committed_then_a_restart_serves_them() {
+    bounded("sigterm_waits_for_open_shuffles_to_be_committed", 90, async {
+        let (r, mut server) = Restartable::new(&["chunk_bytes=65536"]);
+        let client = client("term-app", None);
+        let a = assignment(1, &[r.addr], PARTITIONS);
+        register_direct(&client, &a, MAPS).await.unwrap();
+        let mut w = client.writer(a.clone(), 0, 0).await.unwrap();
+        for seq in 0..20 {
+            w.add_batch(seq % PARTITIONS, &framed(&[record(0, 0, seq, 5000)])).await.unwrap();
+        }
+        sigterm(&server);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(server.is_running(), "stopped with an open shuffle: its pushes would be lost");
+        // Pushes to the open shuffle are still taken while it drains.
+        for seq in 20..40 {
+            w.add_batch(seq % PARTITIONS, &framed(&[record(0, 0, seq, 5000)])).await.unwrap();
+        }
+        w.finish().await.unwrap();
+        for m in 1..MAPS {
+            client.writer(a.clone(), m, 0).await.unwrap().finish().await.unwrap();
+        }
+        client.commit_shuffle(&a).await.unwrap();
+        let started = Instant::now();
+        assert!(eventually(10, || !server.is_running()).await, "still running after the commit");
+        eprintln!("stopped {:?} after the commit", started.elapsed());
+        let _server = r.start();
+        let got = read_all(&client, &a).await;
+        let n: usize = got.iter().map(|p| p.as_ref().map(|v| v.len()).unwrap()).sum();
+        assert_eq!(n, 40);
+    })
+    .await
+}
+
+/// A commit with a few hundred MB still in memory, so that it takes a while, SIGKILLed after
+/// `delay`; after a restart the shuffle reads back whole, or its reads fail cleanly — and a
+/// commit the client saw succeed always reads back whole.
+async fn kill_during_commit(delay: Duration) -> &'static str {
+    let (r, mut server) = Restartable::new(&[
+        "memory_budget_bytes=536870912",
+        "chunk_bytes=8388608",
+        "flush_watermark=0.95",
+        "busy_watermark=0.97",
+        "resume_watermark=0.9",
+    ]);
+    let client = client("commit-kill-app", None);
+    let a = assignment(1, &[r.addr], PARTITIONS);
+    register_direct(&client, &a, MAPS).await.unwrap();
+    for t in spawn_writers(&client, &a, MAPS, 64, 1 << 20, |m, s| (m + s) % PARTITIONS) {
+        t.await.unwrap().unwrap();
+    }
+    let commit = {
+        let (client, a) = (client.clone(), a.clone());
+        tokio::spawn(async move { client.commit_shuffle(&a).await })
+    };
+    tokio::time::sleep(delay).await;
+    server.kill();
+    let answered = commit.await.unwrap();
+    let _server = r.start();
+    let got = read_all(&client, &a).await;
+    let whole = got.iter().all(|p| p.is_ok());
+    if whole {
+        let n: usize = got.iter().map(|p| p.as_ref().unwrap().len()).sum();
+        assert_eq!(n, (MAPS * 64) as usize, "a partial shuffle was served");
+    } else {
+        assert!(answered.is_err(), "the commit was answered OK but its data is gone: {got:?}");
+        for p in &got {
+            assert!(
+                matches!(p, Err(ErrorCode::UnknownApp | ErrorCode::UnknownShuffle | ErrorCode::DataLost)),
+                "an unclean failure: {p:?}"
+            );
+        }
+    }
+    match (answered.is_ok(), whole) {
+        (true, _) => "committed, served whole",
+        (false, true) => "answer lost, served whole",
+        (false, false) => "not committed, clean error",
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_during_a_commit_leaves_the_whole_shuffle_or_a_clean_error() {
+    bounded("sigkill_during_a_commit", 150, async {
+        let mut seen = Vec::new();
+        for ms in [0, 40, 150, 2000] {
+            let outcome = kill_during_commit(Duration::from_millis(ms)).await;
+            eprintln!("killed {ms} ms into the commit: {outcome}");
+            seen.push(outcome);
+        }
+        assert!(seen.contains(&"committed, served whole"), "no kill came after the commit: {seen:?}");
+    })
+    .await
+}
