@@ -1,9 +1,19 @@
 //! # sluice-coordinator
 //!
 //! Knows the live servers (from their heartbeats), the live applications (from theirs) and each
-//! registered shuffle's assignment. Holds no durable state: servers heartbeat to every
-//! coordinator, so a restarted coordinator rebuilds its view within one heartbeat interval, and
-//! several coordinators can run side by side.
+//! registered shuffle's assignment. Holds no durable state: servers and applications heartbeat to
+//! every coordinator, so a restarted coordinator rebuilds its view of them within one heartbeat
+//! interval, and several coordinators run side by side.
+//!
+//! **Several coordinators.** Any of them answers every request. Assignments are the one thing a
+//! heartbeat cannot rebuild (they come from the load at the moment of the request), so the
+//! coordinator that makes one hands it to its peers (`peers`) *before* it answers, and passes on
+//! every unregistration; a starting coordinator asks its peers for everything they know
+//! ([`ShuffleSync`]). An assignment answered to a client is thus known to every live peer: it
+//! survives the loss of the coordinator that made it. (Recomputing assignments
+//! deterministically was the alternative; it would have to ignore the load that makes them good,
+//! and holding them in the servers would have put a second job on the data plane.) A peer down
+//! while an assignment was made asks for it when it starts again.
 //!
 //! ## Layout
 //! The API is [`CoordinatorConfig`], [`Coordinator`] and the values it reports.
@@ -52,6 +62,12 @@ pub struct CoordinatorConfig {
     /// Bearer token the admin API's write endpoints (drain, undrain, unregister) require;
     /// `None`: they are open. At least 16 characters.
     pub admin_token: Option<String>,
+    /// The other coordinators (`host:port`): each assignment made here is handed to them before
+    /// it is answered, and a starting coordinator asks them for theirs.
+    pub peers: Vec<String>,
+    /// How long handing an assignment to one peer may take before it is given up on (the peer
+    /// asks for it when it starts again), in milliseconds.
+    pub peer_timeout_ms: u64,
 }
 
 impl Default for CoordinatorConfig {
@@ -62,6 +78,8 @@ impl Default for CoordinatorConfig {
             app_expiry_ms: 120_000,
             transport: sluice_transport::ServerConfig::default(),
             admin_token: None,
+            peers: Vec::new(),
+            peer_timeout_ms: 1_000,
         }
     }
 }
@@ -69,8 +87,13 @@ impl Default for CoordinatorConfig {
 impl CoordinatorConfig {
     /// Checks the values.
     pub fn validate(&self) -> Result<(), String> {
-        if self.server_timeout_ms == 0 || self.app_expiry_ms == 0 {
-            return Err("server_timeout_ms and app_expiry_ms must be positive".into());
+        if self.server_timeout_ms == 0 || self.app_expiry_ms == 0 || self.peer_timeout_ms == 0 {
+            return Err(
+                "server_timeout_ms, app_expiry_ms and peer_timeout_ms must be positive".into()
+            );
+        }
+        if let Some(p) = self.peers.iter().find(|p| !p.contains(':')) {
+            return Err(format!("peers: {p:?} is not host:port"));
         }
         sluice_transport::validate_admin_token(self.admin_token.as_deref())?;
         self.transport.validate().map_err(|e| format!("transport: {e}"))
@@ -166,6 +189,8 @@ pub struct Coordinator {
     view: Mutex<View>,
     /// Inside [`Coordinator::serve`] (readiness).
     serving: AtomicBool,
+    /// Connections to the peers (`peers`), made on first use.
+    peer_pool: std::sync::OnceLock<sluice_transport::Pool>,
 }
 
 /// A refused request: the `Error` message its requester gets.
@@ -185,6 +210,7 @@ impl Coordinator {
             config,
             view: Mutex::new(View::default()),
             serving: AtomicBool::new(false),
+            peer_pool: std::sync::OnceLock::new(),
         }))
     }
 
@@ -267,6 +293,7 @@ impl Coordinator {
                 self.view.lock().shuffles.remove(&(u.app_id, u.shuffle_id));
                 Ok(OkMsg {}.into())
             }
+            Message::ShuffleSync(s) => Ok(self.apply_sync(s)),
             other => Err(refuse(
                 ErrorCode::InvalidRequest,
                 format!("a coordinator does not take {}", other.msg_type().name()),
@@ -371,6 +398,149 @@ impl Coordinator {
         Ok(assignment.into())
     }
 
+    /// Takes what a peer passed on; answers with everything known here when it asks.
+    fn apply_sync(&self, s: ShuffleSync) -> Message {
+        let mut v = self.view.lock();
+        for app in &s.removed_apps {
+            v.apps.remove(app);
+            v.shuffles.retain(|(a, _), _| a != app);
+        }
+        for u in &s.removed_shuffles {
+            v.shuffles.remove(&(u.app_id.clone(), u.shuffle_id));
+        }
+        let learned = s.shuffles.len();
+        for sh in s.shuffles {
+            // Heard of through a peer: alive now, as if it had registered here.
+            v.apps.entry(sh.app_id.clone()).or_insert_with(Instant::now);
+            let key = (sh.app_id, sh.assignment.shuffle_id);
+            // What is known here stays: a peer's copy of the same registration is the same.
+            v.shuffles.entry(key).or_insert_with(|| Registered {
+                assignment: sh.assignment,
+                num_maps: sh.num_maps,
+                replication: sh.replication,
+                since: Instant::now(),
+            });
+        }
+        if learned > 0 {
+            tracing::debug!(shuffles = learned, "assignments learned from a peer");
+        }
+        if s.want_all == 0 {
+            return OkMsg {}.into();
+        }
+        let shuffles = v
+            .shuffles
+            .iter()
+            .map(|((app_id, _), r)| SyncedShuffle {
+                app_id: app_id.clone(),
+                num_maps: r.num_maps,
+                replication: r.replication,
+                assignment: r.assignment.clone(),
+            })
+            .collect();
+        ShuffleSync { want_all: 0, shuffles, ..Default::default() }.into()
+    }
+
+    /// What the peers must be told of a request answered here with `reply`: an assignment
+    /// made (or repeated), an application or shuffle forgotten.
+    fn for_peers(request: &Message, reply: &Message) -> Option<ShuffleSync> {
+        let mut s = ShuffleSync::default();
+        match (request, reply) {
+            (Message::RegisterShuffle(r), Message::Assignment(a)) => {
+                s.shuffles.push(SyncedShuffle {
+                    app_id: r.app_id.clone(),
+                    num_maps: r.num_maps,
+                    replication: r.replication,
+                    assignment: a.clone(),
+                })
+            }
+            (Message::UnregisterApp(u), Message::Ok(_)) => s.removed_apps.push(u.app_id.clone()),
+            (Message::UnregisterShuffle(u), Message::Ok(_)) => s.removed_shuffles.push(u.clone()),
+            _ => return None,
+        }
+        Some(s)
+    }
+
+    fn peer_pool(&self) -> &sluice_transport::Pool {
+        self.peer_pool.get_or_init(|| {
+            sluice_transport::Pool::new(sluice_transport::ClientConfig {
+                connections_per_peer: 1,
+                secret: self.config.transport.secret.clone().unwrap_or_default(),
+                request_timeout_ms: self.config.peer_timeout_ms,
+                connect_timeout_ms: self.config.peer_timeout_ms,
+                // A peer that was down (starting, restarting) is tried again at once: an
+                // assignment handed over late is one a client may already hold.
+                reconnect_backoff_min_ms: 10,
+                reconnect_backoff_max_ms: 100,
+                ..sluice_transport::ClientConfig::default()
+            })
+        })
+    }
+
+    /// Sends `sync` to every peer at once, each bounded by `peer_timeout_ms`; returns each
+    /// peer's answer (`None`: it did not answer).
+    async fn tell_peers(self: &Arc<Self>, sync: ShuffleSync) -> Vec<(String, Option<Message>)> {
+        let mut tasks = tokio::task::JoinSet::new();
+        for peer in self.config.peers.clone() {
+            let (me, msg) = (self.clone(), Message::from(sync.clone()));
+            tasks.spawn(async move {
+                let limit = Duration::from_millis(me.config.peer_timeout_ms * 2);
+                let call = async {
+                    let addr = tokio::net::lookup_host(&peer)
+                        .await?
+                        .next()
+                        .ok_or_else(|| std::io::Error::other("no address"))?;
+                    let conn = me.peer_pool().get(addr).await.map_err(std::io::Error::other)?;
+                    let reply = conn.request(msg, sluice_transport::Body::Empty).await;
+                    reply.map(|r| r.message).map_err(std::io::Error::other)
+                };
+                match tokio::time::timeout(limit, call).await {
+                    Ok(Ok(m)) => (peer, Some(m)),
+                    Ok(Err(e)) => {
+                        tracing::debug!(peer = %peer, error = %e, "peer coordinator not reached");
+                        (peer, None)
+                    }
+                    Err(_) => {
+                        tracing::debug!(peer = %peer, "peer coordinator did not answer in time");
+                        (peer, None)
+                    }
+                }
+            });
+        }
+        let mut out = Vec::new();
+        while let Some(r) = tasks.join_next().await {
+            if let Ok(r) = r {
+                out.push(r);
+            }
+        }
+        out
+    }
+
+    /// At start: asks every peer for the assignments it knows, until one answers or a few
+    /// seconds pass (they may be starting too).
+    async fn learn_from_peers(self: Arc<Self>) {
+        if self.config.peers.is_empty() {
+            return;
+        }
+        for _ in 0..10 {
+            let want = ShuffleSync { want_all: 1, ..Default::default() };
+            let answers = self.tell_peers(want).await;
+            let mut heard = false;
+            for (peer, m) in answers {
+                if let Some(Message::ShuffleSync(s)) = m {
+                    tracing::info!(peer = %peer, shuffles = s.shuffles.len(),
+                        "assignments learned from a peer coordinator");
+                    self.apply_sync(s);
+                    heard = true;
+                }
+            }
+            if heard {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        tracing::info!("no peer coordinator answered at start; starting with no assignments");
+    }
+
     /// Forgets applications whose heartbeats stopped, with their assignments.
     pub fn expire(&self) {
         let limit = Duration::from_millis(self.config.app_expiry_ms);
@@ -400,6 +570,7 @@ impl Coordinator {
                 }
             })
         };
+        let learner = tokio::spawn(self.clone().learn_from_peers());
         let transport = self.config.transport.clone();
         self.serving.store(true, Ordering::Release);
         let me = self.clone();
@@ -413,6 +584,7 @@ impl Coordinator {
         .await;
         me.serving.store(false, Ordering::Release);
         ticker.abort();
+        learner.abort();
         r
     }
 }
@@ -427,8 +599,22 @@ impl Handler for CoordHandler {
         _conn: &Arc<ConnInfo>,
         req: Request,
     ) -> impl Future<Output = Response> + Send + 'static {
-        let reply = self.0.handle(req.message);
-        async move { Response::msg(reply) }
+        let me = self.0.clone();
+        let request = req.message;
+        // Only what changes assignments goes to the peers (and never what came from one).
+        let keep = matches!(
+            request,
+            Message::RegisterShuffle(_) | Message::UnregisterApp(_) | Message::UnregisterShuffle(_)
+        ) && !me.config.peers.is_empty();
+        let kept = keep.then(|| request.clone());
+        let reply = me.handle(request);
+        async move {
+            if let Some(sync) = kept.as_ref().and_then(|r| Coordinator::for_peers(r, &reply)) {
+                // Before the answer: an assignment a client holds is known to the live peers.
+                me.tell_peers(sync).await;
+            }
+            Response::msg(reply)
+        }
     }
 }
 

@@ -217,6 +217,35 @@ wire_struct! {
     }
 }
 wire_struct! {
+    /// A registered shuffle as coordinators pass it to each other (in [`ShuffleSync`]).
+    pub struct SyncedShuffle {
+        /// The application the shuffle belongs to.
+        pub app_id: String,
+        /// Map tasks of the shuffle.
+        pub num_maps: u32,
+        /// Copies of each partition: 1 or 2.
+        pub replication: u8,
+        /// Where its partitions live.
+        pub assignment: Assignment,
+    }
+}
+wire_struct! {
+    /// Coordinator to coordinator: shuffles one of them assigned and applications and shuffles
+    /// it forgot, so that any coordinator answers for every assignment. With `want_all` set the
+    /// answer is a `ShuffleSync` of everything the receiver knows (a starting coordinator asks
+    /// its peers); otherwise `Ok`.
+    pub struct ShuffleSync {
+        /// 1: answer with every shuffle known; 0: answer `Ok` (other values are malformed).
+        pub want_all: u8,
+        /// Shuffles assigned (or known, in an answer).
+        pub shuffles: Vec<SyncedShuffle>,
+        /// Applications unregistered.
+        pub removed_apps: Vec<String>,
+        /// Shuffles unregistered.
+        pub removed_shuffles: Vec<UnregisterShuffle>,
+    }
+}
+wire_struct! {
     /// Ask a coordinator for a registered shuffle's assignment.
     pub struct GetAssignment {
         /// The application the shuffle belongs to.
@@ -497,6 +526,7 @@ messages! {
     20 => UnregisterShuffle(UnregisterShuffle) body=false,
     21 => ServerStatus(ServerStatus) body=false,
     22 => DrainOrder(DrainOrder) body=false,
+    25 => ShuffleSync(ShuffleSync) body=false,
     30 => Push(Push) body=true,
     31 => PushMerged(PushMerged) body=true,
     32 => PushAck(PushAck) body=false,
@@ -525,6 +555,22 @@ impl OpenStream {
                 ));
             }
             next = a.map_id + 1;
+        }
+        Ok(())
+    }
+}
+
+impl Assignment {
+    /// Every partition's servers are in the server list.
+    fn validate(&self) -> Result<(), ProtoError> {
+        let n = self.servers.len();
+        let bad = |i: u16| (i as usize) >= n;
+        if self
+            .partitions
+            .iter()
+            .any(|p| bad(p.primary) || (p.replica != NO_REPLICA && bad(p.replica)))
+        {
+            return Err(ProtoError::Malformed("assignment index outside the server list"));
         }
         Ok(())
     }
@@ -559,14 +605,13 @@ impl Message {
                     return Err(ProtoError::Malformed("replication must be 1 or 2"));
                 }
             }
-            Message::Assignment(a) => {
-                let n = a.servers.len();
-                let bad = |i: u16| (i as usize) >= n;
-                if a.partitions
-                    .iter()
-                    .any(|p| bad(p.primary) || (p.replica != NO_REPLICA && bad(p.replica)))
-                {
-                    return Err(ProtoError::Malformed("assignment index outside the server list"));
+            Message::Assignment(a) => a.validate()?,
+            Message::ShuffleSync(s) => {
+                if s.want_all > 1 {
+                    return Err(ProtoError::Malformed("ShuffleSync.want_all is not 0 or 1"));
+                }
+                for sh in &s.shuffles {
+                    sh.assignment.validate()?;
                 }
             }
             Message::OpenStream(o) => o.validate()?,
@@ -615,6 +660,19 @@ mod tests {
     use crate::frame::{encode_frame, parse};
     use proptest::prelude::*;
 
+    fn make_valid_assignment(a: &mut Assignment) {
+        let n = a.servers.len() as u16;
+        for p in &mut a.partitions {
+            p.primary = if n == 0 { 0 } else { p.primary % n };
+            if p.replica != NO_REPLICA && n > 0 {
+                p.replica %= n;
+            }
+        }
+        if n == 0 {
+            a.partitions.clear();
+        }
+    }
+
     /// Bends a random message into one that satisfies [`Message::validate`].
     fn make_valid(mut m: Message) -> Message {
         match &mut m {
@@ -627,17 +685,10 @@ mod tests {
                 r.num_partitions = r.num_partitions.max(1);
                 r.replication = 1 + (r.replication & 1);
             }
-            Message::Assignment(a) => {
-                let n = a.servers.len() as u16;
-                for p in &mut a.partitions {
-                    p.primary = if n == 0 { 0 } else { p.primary % n };
-                    if p.replica != NO_REPLICA && n > 0 {
-                        p.replica %= n;
-                    }
-                }
-                if n == 0 {
-                    a.partitions.clear();
-                }
+            Message::Assignment(a) => make_valid_assignment(a),
+            Message::ShuffleSync(s) => {
+                s.want_all &= 1;
+                s.shuffles.iter_mut().for_each(|sh| make_valid_assignment(&mut sh.assignment));
             }
             Message::OpenStream(o) => {
                 if o.map_start > o.map_end {

@@ -36,7 +36,12 @@ const SYNCFS_ABOVE_FILES: usize = 32;
 /// Makes a committed shuffle durable: `files` synced, then `record` written next to them (see
 /// the module's notes). Blocking. A shuffle deleted meanwhile (its directory gone) gets no
 /// record.
-pub fn persist(storage: &Storage, key: &ShuffleKey, record: &[u8], files: &[FileRef]) -> io::Result<()> {
+pub fn persist(
+    storage: &Storage,
+    key: &ShuffleKey,
+    record: &[u8],
+    files: &[FileRef],
+) -> io::Result<()> {
     let mut by_dir: BTreeMap<usize, (Arc<DataDir>, Vec<&FileRef>)> = BTreeMap::new();
     for f in files {
         by_dir.entry(f.dir.index).or_insert_with(|| (f.dir.clone(), Vec::new())).1.push(f);
@@ -106,10 +111,13 @@ pub struct Recovered {
     pub lost: usize,
 }
 
+/// A shuffle's directories found at start, one per data directory holding any of it.
+type Places = Vec<(Arc<DataDir>, PathBuf)>;
+
 /// Reads back every shuffle on the directories in service (see the module's notes). Blocking.
 pub fn recover(storage: &Storage) -> Recovered {
     // (app directory, shuffle) → its directories, one per data directory holding any of it.
-    let mut found: BTreeMap<(String, u32), Vec<(Arc<DataDir>, PathBuf)>> = BTreeMap::new();
+    let mut found: BTreeMap<(String, u32), Places> = BTreeMap::new();
     for dir in storage.dirs().iter().filter(|d| !d.is_failed()) {
         for (app, app_path) in subdirs(&dir.path) {
             if app == RECYCLE_DIR || app.starts_with('.') {
@@ -246,7 +254,10 @@ fn open_partition_file(
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let len = file.metadata().map_err(|e| format!("{}: {e}", path.display()))?.len();
     if len < needed {
-        return Err(format!("{} holds {len} bytes, its chunks need {needed} (truncated)", path.display()));
+        return Err(format!(
+            "{} holds {len} bytes, its chunks need {needed} (truncated)",
+            path.display()
+        ));
     }
     Ok(Arc::new(DataFile { file: Arc::new(file), dir: dir.clone(), path }))
 }

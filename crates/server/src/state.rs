@@ -81,9 +81,12 @@ impl ServerState {
         let apps = Apps::default();
         let recovered = crate::durable::recover(&storage);
         if !recovered.shuffles.is_empty() || recovered.uncommitted > 0 {
-            tracing::info!(shuffles = recovered.shuffles.len(), lost = recovered.lost,
+            tracing::info!(
+                shuffles = recovered.shuffles.len(),
+                lost = recovered.lost,
                 uncommitted_deleted = recovered.uncommitted,
-                "recovered the committed shuffles found on the data directories");
+                "recovered the committed shuffles found on the data directories"
+            );
         }
         stats.recovered_shuffles.store(recovered.shuffles.len() as u64, Ordering::Relaxed);
         stats.recovered_lost.store(recovered.lost as u64, Ordering::Relaxed);

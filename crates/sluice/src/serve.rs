@@ -176,16 +176,24 @@ async fn server_stop(state: Arc<sluice_server::ServerState>) {
             _ = usr1.recv() => true,
         };
         if !decommission && !state.config().durable_commit {
-            tracing::info!("SIGTERM: stopping (durable_commit is off: what this server holds is lost)");
+            tracing::info!(
+                "SIGTERM: stopping (durable_commit is off: what this server holds is lost)"
+            );
             return;
         }
         state.start_draining();
         let done = |s: &sluice_server::ServerState| {
-            if decommission { s.shuffles_held() } else { s.unsealed_shuffles() }
+            if decommission {
+                s.shuffles_held()
+            } else {
+                s.unsealed_shuffles()
+            }
         };
         if !decommission {
-            tracing::info!(uncommitted = done(&state),
-                "SIGTERM: draining; stopping once every shuffle held is committed");
+            tracing::info!(
+                uncommitted = done(&state),
+                "SIGTERM: draining; stopping once every shuffle held is committed"
+            );
         }
         let drained = async {
             let mut tick = tokio::time::interval(Duration::from_millis(200));
@@ -195,8 +203,10 @@ async fn server_stop(state: Arc<sluice_server::ServerState>) {
                     return false;
                 }
                 if done(&state) == 0 {
-                    tracing::info!(shuffles_held = state.shuffles_held(),
-                        "drained: nothing left that a stop would lose; stopping");
+                    tracing::info!(
+                        shuffles_held = state.shuffles_held(),
+                        "drained: nothing left that a stop would lose; stopping"
+                    );
                     return true;
                 }
             }

@@ -172,7 +172,7 @@ async fn damaged_records_and_files_lose_partitions_never_bytes_and_the_server_st
         let server = r.start();
         assert!(metric(&server, "sluice_server_recovered_lost_total").await >= 1.0);
         let got = read_all(&client, &a).await;
-        assert!(got.iter().any(|p| *p == Err(ErrorCode::DataLost)), "damage unseen: {got:?}");
+        assert!(got.contains(&Err(ErrorCode::DataLost)), "damage unseen: {got:?}");
         for (p, (g, want)) in got.iter().zip(&good).enumerate() {
             if let Ok(v) = g {
                 assert_eq!(Ok(v), want.as_ref(), "partition {p}: wrong bytes after damage");
@@ -197,7 +197,8 @@ async fn damaged_records_and_files_lose_partitions_never_bytes_and_the_server_st
         write_shuffle(&client, &a, true).await;
         let good = read_all(&client, &a).await;
         server.kill();
-        let victim = r.data_files().into_iter().find(|f| f.to_string_lossy().contains("/3/2-")).unwrap();
+        let victim =
+            r.data_files().into_iter().find(|f| f.to_string_lossy().contains("/3/2-")).unwrap();
         let len = std::fs::metadata(&victim).unwrap().len();
         std::fs::OpenOptions::new().write(true).open(&victim).unwrap().set_len(len / 2).unwrap();
         let server = r.start();
@@ -284,7 +285,10 @@ async fn kill_during_commit(delay: Duration) -> &'static str {
         assert!(answered.is_err(), "the commit was answered OK but its data is gone: {got:?}");
         for p in &got {
             assert!(
-                matches!(p, Err(ErrorCode::UnknownApp | ErrorCode::UnknownShuffle | ErrorCode::DataLost)),
+                matches!(
+                    p,
+                    Err(ErrorCode::UnknownApp | ErrorCode::UnknownShuffle | ErrorCode::DataLost)
+                ),
                 "an unclean failure: {p:?}"
             );
         }
@@ -305,7 +309,10 @@ async fn sigkill_during_a_commit_leaves_the_whole_shuffle_or_a_clean_error() {
             eprintln!("killed {ms} ms into the commit: {outcome}");
             seen.push(outcome);
         }
-        assert!(seen.contains(&"committed, served whole"), "no kill came after the commit: {seen:?}");
+        assert!(
+            seen.contains(&"committed, served whole"),
+            "no kill came after the commit: {seen:?}"
+        );
     })
     .await
 }

@@ -200,6 +200,42 @@ pub fn cases() -> Vec<Case> {
             &[],
             false,
         ),
+        ok(
+            "shuffle_sync",
+            13,
+            ShuffleSync {
+                want_all: 1,
+                shuffles: vec![SyncedShuffle {
+                    app_id: app(),
+                    num_maps: 200,
+                    replication: 2,
+                    assignment: Assignment {
+                        shuffle_id: 3,
+                        servers: vec![
+                            ServerAddr {
+                                server_id: "srv-a".into(),
+                                host: "127.0.0.1".into(),
+                                port: 9097,
+                            },
+                            ServerAddr {
+                                server_id: "srv-b".into(),
+                                host: "127.0.0.1".into(),
+                                port: 9098,
+                            },
+                        ],
+                        partitions: vec![
+                            PartitionLoc { primary: 0, replica: 1 },
+                            PartitionLoc { primary: 1, replica: 0 },
+                        ],
+                    },
+                }],
+                removed_apps: vec!["app-gone".into()],
+                removed_shuffles: vec![UnregisterShuffle { app_id: app(), shuffle_id: 2 }],
+            }
+            .into(),
+            &[],
+            false,
+        ),
         ok("get_assignment", 11, GetAssignment { app_id: app(), shuffle_id: 3 }.into(), &[], false),
         ok("commit_shuffle", 12, CommitShuffle { app_id: app(), shuffle_id: 3 }.into(), &[], false),
         ok(

@@ -160,7 +160,10 @@ impl<F: Clone> Partition<F> {
                     .enumerate()
                     .map(|(n, handle)| {
                         let in_file = chunks.iter().filter(|c| c.file() as usize == n);
-                        PartitionFile { handle, cursor: in_file.map(Chunk::padded_end).max().unwrap_or(0) }
+                        PartitionFile {
+                            handle,
+                            cursor: in_file.map(Chunk::padded_end).max().unwrap_or(0),
+                        }
                     })
                     .collect();
                 Partition { buffer: Buffer::default(), files, chunks, health: Health::Storing }

@@ -116,8 +116,8 @@ pub fn decode(data: &[u8]) -> Result<Decoded, String> {
         return Err("not a commit record (bad magic)".into());
     }
     let mut at = MAGIC.len();
-    let header: Header = postcard::from_bytes(take_section(data, &mut at)?)
-        .map_err(|e| format!("header: {e}"))?;
+    let header: Header =
+        postcard::from_bytes(take_section(data, &mut at)?).map_err(|e| format!("header: {e}"))?;
     if header.version != VERSION {
         return Err(format!("record version {} (this server reads {VERSION})", header.version));
     }
@@ -128,9 +128,7 @@ pub fn decode(data: &[u8]) -> Result<Decoded, String> {
         let record = match &broken {
             Some(why) => Err(why.clone()),
             None => take_section(data, &mut at)
-                .and_then(|p| {
-                    postcard::from_bytes::<PartitionRecord>(p).map_err(|e| e.to_string())
-                })
+                .and_then(|p| postcard::from_bytes::<PartitionRecord>(p).map_err(|e| e.to_string()))
                 .map_err(|e| {
                     let why = format!("its index entry is damaged: {e}");
                     broken = Some(format!("an earlier index entry (partition {pid}) is damaged"));
@@ -162,7 +160,10 @@ mod tests {
         let parts = vec![
             PartitionRecord::Stored {
                 files: vec!["/d1".into(), "/d2".into()],
-                chunks: vec![Chunk::new(0, 0, vec![run].into()), Chunk::new(1, 4096, vec![run].into())],
+                chunks: vec![
+                    Chunk::new(0, 0, vec![run].into()),
+                    Chunk::new(1, 4096, vec![run].into()),
+                ],
             },
             PartitionRecord::Stored { files: vec![], chunks: vec![] },
             PartitionRecord::Lost("disk failed".into()),
@@ -173,7 +174,10 @@ mod tests {
     #[test]
     fn a_record_reads_back_whole() {
         let d = decode(&record()).unwrap();
-        assert_eq!((d.app_id.as_str(), d.shuffle_id, d.num_maps, d.chunk_bytes), ("app-1", 7, 2, 1 << 20));
+        assert_eq!(
+            (d.app_id.as_str(), d.shuffle_id, d.num_maps, d.chunk_bytes),
+            ("app-1", 7, 2, 1 << 20)
+        );
         assert_eq!(d.maps.batches(0, 3, 0), Some(1), "later attempts are kept");
         assert_eq!(d.partitions.len(), 3);
         let Ok(PartitionRecord::Stored { files, chunks }) = &d.partitions[0] else { panic!() };

@@ -528,7 +528,8 @@ impl<F: Clone> Shuffle<F> {
     /// The partitions that lost data, with why.
     pub fn lost_partitions(&self) -> Vec<(u32, String)> {
         let each = self.partitions.iter().enumerate();
-        each.filter_map(|(pid, p)| p.lock().lost().map(|why| (pid as u32, why.to_owned()))).collect()
+        each.filter_map(|(pid, p)| p.lock().lost().map(|why| (pid as u32, why.to_owned())))
+            .collect()
     }
 
     /// What the shuffle holds now.

@@ -57,9 +57,26 @@ public final class CoordinatorClient {
     expectOk(callCoordinator(new RegisterApp(appId, conf.secret())));
   }
 
-  /** Tells the coordinator the application is alive. */
+  /**
+   * Tells every coordinator the application is alive (each one expires applications it stops
+   * hearing from, with their assignments, and any of them may be asked for those). Fails only
+   * when none answered.
+   */
   public void appHeartbeat(String appId) {
-    expectOk(callCoordinator(new AppHeartbeat(appId)));
+    SluiceException last = null;
+    boolean any = false;
+    for (String addr : coordinators) {
+      try {
+        expectOk(factory.getClient(addr).callSync(new AppHeartbeat(appId)));
+        any = true;
+      } catch (SluiceException e) {
+        last = e;
+        LOG.debug("application heartbeat to coordinator {} failed: {}", addr, e.getMessage());
+      }
+    }
+    if (!any && last != null) {
+      throw last;
+    }
   }
 
   /** Unregisters the application from the coordinator. */

@@ -63,6 +63,7 @@ public interface Message {
     UNREGISTER_SHUFFLE(20, "UnregisterShuffle", false, UnregisterShuffle::decode),
     SERVER_STATUS(21, "ServerStatus", false, ServerStatus::decode),
     DRAIN_ORDER(22, "DrainOrder", false, DrainOrder::decode),
+    SHUFFLE_SYNC(25, "ShuffleSync", false, ShuffleSync::decode),
     PUSH(30, "Push", true, Push::decode),
     PUSH_MERGED(31, "PushMerged", true, PushMerged::decode),
     PUSH_ACK(32, "PushAck", false, f -> PushAck.INSTANCE),

@@ -139,6 +139,15 @@ class RoundTripTest {
     return l;
   }
 
+  private static Assignment assignment(Random r) {
+    List<Assignment.ServerAddr> servers =
+        list(r, () -> new Assignment.ServerAddr(str(r), str(r), u16(r)));
+    List<Assignment.PartitionLoc> parts = servers.isEmpty() ? List.of()
+        : list(r, () -> new Assignment.PartitionLoc(r.nextInt(servers.size()),
+            r.nextBoolean() ? Assignment.NO_REPLICA : r.nextInt(servers.size())));
+    return new Assignment(r.nextInt(), servers, parts);
+  }
+
   private static int u16(Random rnd) {
     return rnd.nextInt(0x10000);
   }
@@ -160,14 +169,11 @@ class RoundTripTest {
       case UNREGISTER_APP -> new UnregisterApp(str(r));
       case REGISTER_SHUFFLE -> new RegisterShuffle(str(r), r.nextInt(), r.nextInt(),
           1 + r.nextInt(Integer.MAX_VALUE), 1 + r.nextInt(2));
-      case ASSIGNMENT -> {
-        List<Assignment.ServerAddr> servers =
-            list(r, () -> new Assignment.ServerAddr(str(r), str(r), u16(r)));
-        List<Assignment.PartitionLoc> parts = servers.isEmpty() ? List.of()
-            : list(r, () -> new Assignment.PartitionLoc(r.nextInt(servers.size()),
-                r.nextBoolean() ? Assignment.NO_REPLICA : r.nextInt(servers.size())));
-        yield new Assignment(r.nextInt(), servers, parts);
-      }
+      case ASSIGNMENT -> assignment(r);
+      case SHUFFLE_SYNC -> new ShuffleSync(r.nextBoolean(),
+          list(r, () -> new ShuffleSync.Synced(str(r), r.nextInt(), 1 + r.nextInt(2),
+              assignment(r))),
+          list(r, () -> str(r)), list(r, () -> new UnregisterShuffle(str(r), r.nextInt())));
       case GET_ASSIGNMENT -> new GetAssignment(str(r), r.nextInt());
       case COMMIT_SHUFFLE -> new CommitShuffle(str(r), r.nextInt());
       case COMMIT_RESULT -> new CommitResult(r.nextInt(),

@@ -1,0 +1,110 @@
+//! Two real coordinators, peers of each other: an assignment made by one is answered by the
+//! other after the first is SIGKILLed; clients move on to the survivor, which assigns new
+//! shuffles; the killed one, restarted, learns the survivor's assignments; unregistering
+//! through one reaches the other.
+
+mod utils;
+
+use std::net::{SocketAddr, TcpListener};
+
+use sluice_proto::message::{GetAssignment, UnregisterShuffle};
+use sluice_proto::{ErrorCode, Message};
+use utils::*;
+
+/// A port free now (bound and released).
+fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+fn coordinator(scratch: &Scratch, name: &str, listen: SocketAddr, peer: SocketAddr) -> Proc {
+    let args = [
+        "coordinator".to_string(),
+        "--listen".into(),
+        listen.to_string(),
+        "--set".into(),
+        format!("peers=[\"{peer}\"]"),
+        "--set".into(),
+        "server_timeout_ms=3000".into(),
+    ];
+    scratch.spawn(name, &args)
+}
+
+async fn assignment_at(
+    coord: SocketAddr,
+    app: &str,
+    shuffle_id: u32,
+) -> Result<Message, ErrorCode> {
+    call(&raw(coord).await, GetAssignment { app_id: app.into(), shuffle_id }).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_coordinator_answers_and_a_killed_one_costs_the_job_nothing() {
+    bounded("any_coordinator_answers", 90, async {
+        let scratch = Scratch::new();
+        let (pa, pb) = (free_port(), free_port());
+        let mut a = coordinator(&scratch, "coord-a", pa, pb);
+        let b = coordinator(&scratch, "coord-b", pb, pa);
+        let both = format!("coordinators=[\"{pa}\", \"{pb}\"]");
+        let spec = ServerSpec { sets: vec![both], ..Default::default() };
+        let servers = [scratch.server(&spec), scratch.server(&spec)];
+        wait_registered(pa, 2, 15).await;
+        wait_registered(pb, 2, 15).await;
+
+        let client = client_with("ha-app", None, |o| {
+            o.coordinators = vec![pa.to_string(), pb.to_string()];
+        });
+        client.register_app().await.unwrap();
+        // Made by A (the first in the list): B knows it before the client has the answer.
+        let s1 = client.register_shuffle(1, 2, 6, 1).await.unwrap();
+        let got = assignment_at(pb, "ha-app", 1).await;
+        let Ok(Message::Assignment(at_b)) = got else {
+            panic!("B does not know A's assignment: {got:?}\nA: {}\nB: {}", a.log_text(), b.log_text())
+        };
+        assert_eq!(at_b, *s1);
+
+        // Map 0 before A dies, map 1 after; the shuffle commits and reads back whole.
+        for (m, t) in spawn_writers(&client, &s1, 1, 300, 400, |_, s| s % 6).into_iter().enumerate() {
+            t.await.unwrap().unwrap_or_else(|e| panic!("map {m}: {e}"));
+        }
+        a.kill();
+        let Ok(Message::Assignment(still)) = assignment_at(pb, "ha-app", 1).await else {
+            panic!("B forgot the assignment when A died")
+        };
+        assert_eq!(still, *s1);
+        let mut w = client.writer(s1.clone(), 1, 0).await.unwrap();
+        for seq in 0..300 {
+            w.add_batch(seq % 6, &framed(&[record(1, 0, seq, 400)])).await.unwrap();
+        }
+        w.finish().await.unwrap();
+        client.commit_shuffle(&s1).await.unwrap();
+        let mut n = 0;
+        for p in 0..6 {
+            n += read_partition(&client, &s1, p, 0, 2).await.unwrap().unique_ids(p).len();
+        }
+        assert_eq!(n, 600);
+
+        // A new shuffle: the client moves on to B, which assigns it over both servers.
+        let s2 = client.register_shuffle(2, 1, 4, 1).await.expect("B takes the registration");
+        assert_eq!(s2.servers.len(), servers.len());
+
+        // A comes back and learns from B what was assigned while it was down.
+        let _a = coordinator(&scratch, "coord-a2", pa, pb);
+        let mut learned = false;
+        for _ in 0..50 {
+            if matches!(assignment_at(pa, "ha-app", 2).await, Ok(Message::Assignment(ref x)) if *x == *s2)
+            {
+                learned = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        assert!(learned, "the restarted coordinator did not learn shuffle 2 from its peer");
+
+        // Unregistering through B reaches A.
+        let conn = raw(pb).await;
+        call(&conn, UnregisterShuffle { app_id: "ha-app".into(), shuffle_id: 2 }).await.unwrap();
+        assert_eq!(assignment_at(pa, "ha-app", 2).await, Err(ErrorCode::UnknownShuffle));
+        drop(b);
+    })
+    .await
+}
