@@ -113,5 +113,5 @@ def test_drain_hook_drains_the_server(default, tmp_path):
     run_checked(args, server_env(default), tmp_path, drain)
     ((result, took),) = hook
     assert result.returncode == 0, result.stderr
-    assert "no shuffle left" in result.stderr
+    assert "no uncommitted shuffle left" in result.stderr
     assert took < 10, took

@@ -1,6 +1,6 @@
 """The servers' preStop hook (deploy/helm/sluice/files/drain.sh) against a stand-in for the
 admin HTTP API on 127.0.0.1, answering as the agreed contract says (POST /api/v1/drain starts a
-drain, GET /readyz answers 503 while draining, GET /api/v1/status tells the shuffles held) or as
+drain, GET /readyz answers 503 while draining, GET /api/v1/status tells the shuffles not committed yet) or as
 a server without that API does."""
 
 import http.server
@@ -20,7 +20,8 @@ EMPTY_AFTER_S = 1.5
 
 class AdminApi:
     """Answers `codes[(method, path)]` (404 otherwise). With `shuffles`, GET /api/v1/status
-    answers {"draining": true, "shuffles_held": shuffles(seconds since the drain request)}.
+    answers {"draining": true, "shuffles_held": 7, "uncommitted_shuffles": shuffles(seconds since
+    the drain request)}: committed shuffles stay held, and the hook must not wait for them.
     `exit_after` closes the port that long after a drain request, as a server that stops by
     itself. `reason=False` sends status lines without a reason phrase."""
 
@@ -41,7 +42,8 @@ class AdminApi:
                         threading.Timer(exit_after, api.stop).start()
                 if self.path == "/api/v1/status" and shuffles and api.drained_at is not None:
                     held = shuffles(time.monotonic() - api.drained_at)
-                    code, body = 200, json.dumps({"draining": True, "shuffles_held": held}).encode()
+                    code, body = 200, json.dumps({"draining": True, "shuffles_held": 7,
+                                                    "uncommitted_shuffles": held}).encode()
                 if reason:
                     self.send_response(code)
                 else:
@@ -105,7 +107,7 @@ def stand_in():
 
 
 @pytest.mark.parametrize("reason", [True, False], ids=["reason", "no-reason"])
-def test_waits_until_no_shuffle_is_left(stand_in, reason):
+def test_waits_until_every_shuffle_is_committed(stand_in, reason):
     api = stand_in(DRAINS, shuffles=empties(EMPTY_AFTER_S), reason=reason)
     result, took = run_hook(api, "sluice-token")
     assert result.returncode == 0, result.stderr
@@ -114,9 +116,9 @@ def test_waits_until_no_shuffle_is_left(stand_in, reason):
         ("GET", "/readyz", "Bearer sluice-token"),
         ("GET", "/api/v1/status", "Bearer sluice-token"),
     ]
-    # It returned (and Kubernetes sends SIGTERM) only once the server held nothing.
+    # It returned (and Kubernetes sends SIGTERM) only once nothing uncommitted was left.
     assert took >= EMPTY_AFTER_S, took
-    assert "no shuffle left" in result.stderr
+    assert "no uncommitted shuffle left" in result.stderr
     assert api.running
 
 

@@ -141,6 +141,14 @@ class Process:
             pass
 
 
+def free_port():
+    """A port free now (bound and released)."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def wait_until(what, predicate, timeout):
     """Polls `predicate` every 0.2 s; fails with `what` if it is not true within `timeout` s."""
     deadline = time.monotonic() + timeout
@@ -163,31 +171,70 @@ def scrape(metrics_addr):
 
 
 class SluiceCluster:
-    """A coordinator and `servers` servers on 127.0.0.1, ports chosen by the OS."""
+    """`coordinators` coordinators (peers of each other) and `servers` servers on 127.0.0.1,
+    ports chosen by the OS (a restarted server takes its old port again)."""
 
-    def __init__(self, binary, work_dir, servers=2, coordinator_sets=(), server_sets=()):
+    def __init__(self, binary, work_dir, servers=2, coordinator_sets=(), server_sets=(),
+                 coordinators=1):
         self.processes = []
         self.work_dir = work_dir
+        self.binary = binary
         sets = [a for kv in coordinator_sets for a in ("--set", kv)]
-        coord = self._start("coordinator", [binary, "coordinator", "--listen", "127.0.0.1:0",
-                                            "--metrics-listen", "127.0.0.1:0", *sets])
-        self.coordinator = coord.wait_for(r"listening on (\S+)")
-        self.coordinator_metrics = coord.wait_for(r"metrics on (\S+)")
+        if coordinators == 1:
+            listens = ["127.0.0.1:0"]
+        else:
+            listens = [f"127.0.0.1:{free_port()}" for _ in range(coordinators)]
+        self.coordinator_procs = []
+        self.coordinators = []
+        for i, listen in enumerate(listens):
+            peers = [a for a in listens if a != listen] if coordinators > 1 else []
+            peer_sets = ["--set", "peers=[" + ", ".join(f'"{p}"' for p in peers) + "]"] if peers \
+                else []
+            name = "coordinator" if i == 0 else f"coordinator{i}"
+            c = self._start(name, [binary, "coordinator", "--listen", listen,
+                                   "--metrics-listen", "127.0.0.1:0", *sets, *peer_sets])
+            self.coordinators.append(c.wait_for(r"listening on (\S+)"))
+            self.coordinator_procs.append(c)
+        self.coordinator = self.coordinators[0]
+        self.coordinator_metrics = self.coordinator_procs[0].wait_for(r"metrics on (\S+)")
         self.server_metrics = []
         self.servers = []  # the server Processes
+        self.server_addrs = []
+        self.server_args = []
         self.data_dirs = []
+        self.server_sets = [a for kv in server_sets for a in ("--set", kv)]
         for i in range(servers):
             data = work_dir / f"server{i}"
             data.mkdir()
-            s = self._start(f"server{i}", [binary, "server", "--listen", "127.0.0.1:0",
-                                           "--metrics-listen", "127.0.0.1:0",
-                                           "--coordinator", self.coordinator,
-                                           "--data-dir", str(data),
-                                           *[a for kv in server_sets for a in ("--set", kv)]])
-            s.wait_for(r"listening on (\S+)")
-            self.server_metrics.append(s.wait_for(r"metrics on (\S+)"))
-            self.servers.append(s)
             self.data_dirs.append(data)
+            self.servers.append(None)
+            self.server_metrics.append(None)
+            self.server_addrs.append("127.0.0.1:0")
+            self.start_server(i)
+
+    def start_server(self, i, binary=None):
+        """Starts server `i` on its data directory and (after its first start) its old port."""
+        coords = [a for c in self.coordinators for a in ("--coordinator", c)]
+        name = f"server{i}" if self.servers[i] is None else f"server{i}-{time.monotonic_ns()}"
+        s = self._start(name, [binary or self.binary, "server", "--listen", self.server_addrs[i],
+                               "--metrics-listen", "127.0.0.1:0", *coords,
+                               "--data-dir", str(self.data_dirs[i]), *self.server_sets])
+        self.server_addrs[i] = s.wait_for(r"listening on (\S+)")
+        self.server_metrics[i] = s.wait_for(r"metrics on (\S+)")
+        self.servers[i] = s
+
+    def stop_server(self, i, timeout=60):
+        """SIGTERM to server `i` (it drains: stops once what it holds is committed); waits for it
+        to exit. Returns the seconds that took."""
+        started = time.monotonic()
+        p = self.servers[i]
+        p.proc.send_signal(signal.SIGTERM)
+        try:
+            p.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"server{i} still running {timeout} s after SIGTERM "
+                                 f"(see {p.log.name})")
+        return time.monotonic() - started
 
     def _start(self, name, args):
         p = Process(name, [str(a) for a in args], self.work_dir)
@@ -365,7 +412,7 @@ def sluice_conf(cluster):
     return {
         # The two lines a user sets.
         "spark.shuffle.manager": manager_class(),
-        "spark.sluice.coordinators": cluster.coordinator,
+        "spark.sluice.coordinators": ",".join(cluster.coordinators),
         # Tiny buffers: many batches per map task, so failed and speculative attempts leave
         # partial output on the servers that readers must ignore.
         "spark.sluice.writer.partitionBufferBytes": "2k",

@@ -142,6 +142,9 @@ pub struct ServerStatus {
     pub connections: u64,
     /// Shuffles held, of every application.
     pub shuffles_held: u64,
+    /// Of those, the ones not committed yet: what a restart would lose (a SIGTERM waits for
+    /// them to be committed).
+    pub uncommitted_shuffles: u64,
     /// Partitions of those shuffles.
     pub partitions_held: u32,
     /// Every application and its shuffles.
@@ -153,8 +156,10 @@ pub struct ServerStatus {
 pub struct DrainState {
     /// Draining now.
     pub draining: bool,
-    /// Shuffles it still holds (a drain is complete at 0).
+    /// Shuffles it still holds (a decommission is complete at 0).
     pub shuffles_held: u64,
+    /// Of those, the ones not committed yet (a restart loses nothing at 0).
+    pub uncommitted_shuffles: u64,
 }
 
 /// Where a server stands, as a coordinator sees it.

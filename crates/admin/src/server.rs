@@ -110,6 +110,7 @@ async fn status(State(s): State<ServerApi>) -> Json<api::ServerStatus> {
         counters: r.counters,
         connections: r.connections,
         shuffles_held: s.handle.shuffles_held() as u64,
+        uncommitted_shuffles: s.handle.uncommitted_shuffles() as u64,
         partitions_held: r.partitions_held,
         apps,
     })
@@ -120,7 +121,11 @@ async fn disks(State(s): State<ServerApi>) -> Json<api::Disks> {
 }
 
 fn drain_state(h: &ServerHandle) -> Json<api::DrainState> {
-    Json(api::DrainState { draining: h.is_draining(), shuffles_held: h.shuffles_held() as u64 })
+    Json(api::DrainState {
+        draining: h.is_draining(),
+        shuffles_held: h.shuffles_held() as u64,
+        uncommitted_shuffles: h.uncommitted_shuffles() as u64,
+    })
 }
 
 async fn drain(

@@ -164,6 +164,11 @@ impl ServerHandle {
         self.state.shuffles_held()
     }
 
+    /// Shuffles held and not committed yet (a restart would lose them).
+    pub fn uncommitted_shuffles(&self) -> usize {
+        self.state.unsealed_shuffles()
+    }
+
     /// The server's data directories.
     pub fn disks(&self) -> Vec<DiskStatus> {
         disks(&self.state)

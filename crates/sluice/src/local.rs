@@ -189,7 +189,14 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
     let push_s = secs(t);
     let cpu_push = cpu();
     push_bar.finish_and_clear();
+    let t = Instant::now();
     let sizes = client.commit_shuffle(&a).await?;
+    let commit_s = secs(t);
+    let commit_sync_us = cluster
+        .servers
+        .iter()
+        .map(|s| metric(s, "sluice_server_commit_sync_microseconds_total"))
+        .sum::<u64>();
 
     // Reduce stage.
     let got = Tally::new(args.partitions);
@@ -231,6 +238,8 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
         "tally_seconds": tally_s,
         "push_seconds": push_s,
         "fetch_seconds": fetch_s,
+        "commit_seconds": commit_s,
+        "commit_sync_seconds": commit_sync_us as f64 / 1e6,
         "push_gbps": pushed as f64 / push_s / 1e9,
         "fetch_gbps": fetched as f64 / fetch_s / 1e9,
         "push_cpu_s_per_gb": per_gb(cpu_before_push, cpu_push, pushed),
@@ -261,6 +270,11 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
             "  pushed      {:>10.1} MiB  {:>6.2} GB/s  ({records} records)",
             mib(pushed),
             summary["push_gbps"].as_f64().unwrap_or(0.0)
+        );
+        println!(
+            "  committed   in {:.3} s (of which {:.3} s making it durable, summed over the servers)",
+            commit_s,
+            commit_sync_us as f64 / 1e6
         );
         println!(
             "  fetched     {:>10.1} MiB  {:>6.2} GB/s",

@@ -3,10 +3,12 @@
 #
 # Asks the server to drain through its admin HTTP API on its metrics port (POST /api/v1/drain,
 # with the admin token when SLUICE_SERVER_ADMIN_TOKEN is set), checks that it is draining
-# (GET /readyz answers 503), then waits until it holds no shuffle (GET /api/v1/status says
-# "shuffles_held": 0), until it has exited by itself, or for DRAIN_SECONDS at most. Kubernetes
-# sends SIGTERM when this hook returns, and the server then stops within
-# transport.shutdown_grace_ms; terminationGracePeriodSeconds covers both. Bash's /dev/tcp
+# (GET /readyz answers 503), then waits until every shuffle it holds is committed (GET
+# /api/v1/status says "uncommitted_shuffles": 0: committed shuffles are durable, and the
+# restarted server serves them again), until it has exited by itself, or for DRAIN_SECONDS at
+# most. Kubernetes sends SIGTERM when this hook returns; the server (which would wait for the
+# same on SIGTERM alone) then stops within transport.shutdown_grace_ms;
+# terminationGracePeriodSeconds covers both. Bash's /dev/tcp
 # speaks the HTTP: the image has no curl. If the drain cannot start the hook exits non-zero at
 # once, and SIGTERM stops the server without a drain.
 set -u
@@ -54,10 +56,10 @@ while [ "$SECONDS" -lt "$deadline" ]; do
     echo "drain: the server has stopped" >&2
     exit 0
   fi
-  if [[ $body =~ \"shuffles_held\":[[:space:]]*0[,}[:space:]] ]]; then
-    echo "drain: no shuffle left" >&2
+  if [[ $body =~ \"uncommitted_shuffles\":[[:space:]]*0[,}[:space:]] ]]; then
+    echo "drain: no uncommitted shuffle left" >&2
     exit 0
   fi
   sleep 2
 done
-echo "drain: ${drain_seconds} s are up; stopping with shuffles still held" >&2
+echo "drain: ${drain_seconds} s are up; stopping with uncommitted shuffles" >&2

@@ -137,9 +137,14 @@ refused rather than silently ignored. Pass (dict "config" … "forced" … "defa
 {{- include "sluice.mergeConfig" (dict "config" .Values.server.config "forced" $forced "defaults" $defaults "refused" (list "server_id" "advertise_host") "what" "server") -}}
 {{- end -}}
 
+{{/* Every coordinator is a peer of the others (each also lists itself: harmless, see docs/operations.md). */}}
 {{- define "sluice.coordinatorConfig" -}}
 {{- $forced := dict "listen" (printf "0.0.0.0:%d" (int .Values.coordinator.port)) -}}
-{{- include "sluice.mergeConfig" (dict "config" .Values.coordinator.config "forced" $forced "defaults" dict "refused" list "what" "coordinator") -}}
+{{- $defaults := dict -}}
+{{- if gt (int .Values.coordinator.replicas) 1 -}}
+{{- $defaults = dict "peers" (include "sluice.coordinatorAddresses" . | fromJsonArray) -}}
+{{- end -}}
+{{- include "sluice.mergeConfig" (dict "config" .Values.coordinator.config "forced" $forced "defaults" $defaults "refused" list "what" "coordinator") -}}
 {{- end -}}
 
 {{/* A config key in milliseconds as whole seconds, rounded up; pass (dict "config" … "key" … "default" …). */}}
