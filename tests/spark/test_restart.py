@@ -79,6 +79,36 @@ def stages_submitted(app, group):
             if e["Event"] == "SparkListenerStageSubmitted"]
 
 
+def run_paused(ra, group, while_paused):
+    """Runs keyed_sums under job group `group`; while map 0 is paused half way through its
+    pushes, calls `while_paused()` (which may let it go on by touching scratch/go). Returns the
+    job's result."""
+    app, scratch = ra.app, ra.scratch
+    for m in ("paused", "go"):
+        (scratch / m).unlink(missing_ok=True)
+    result, error = {}, {}
+
+    def job():
+        try:
+            result["v"] = in_group(app, group, lambda: sorted(keyed_sums(app.sc, scratch)
+                                                              .collect()))
+        except Exception as e:  # noqa: BLE001 - reported below
+            error["e"] = e
+    t = threading.Thread(target=job)
+    t.start()
+    try:
+        wait_until("map 0 pauses", lambda: (scratch / "paused").exists() or not t.is_alive(), 120)
+        assert t.is_alive(), f"the job ended before map 0 paused: {error or result}"
+        while_paused()
+    finally:
+        (scratch / "go").touch()
+        t.join(300)
+    assert not t.is_alive(), "the job did not end within 300 s"
+    if error:
+        raise error["e"]
+    return result["v"]
+
+
 def test_rolling_restart_between_map_and_reduce_reruns_nothing(ra):
     """Every server restarted in turn after the map stage: the reduce reads what they committed
     before the restart; no FetchFailed, no stage submitted but the reduce."""
@@ -102,73 +132,31 @@ def test_every_server_upgraded_while_a_job_runs(ra):
     """While map 0 is half way through its pushes, the server that took most of them gets
     SIGTERM: it keeps taking the open shuffle's pushes until the driver commits it, then stops;
     it starts again from a new binary on the same directories, then the others in turn, while
-    the reduce stage reads. The
-    job's result is right (reruns allowed: a reader may meet a server while it is away)."""
-    app, scratch = ra.app, ra.scratch
-    for m in ("paused", "go"):
-        (scratch / m).unlink(missing_ok=True)
-    result, error = {}, {}
+    the reduce stage reads. The job's result is right (reruns allowed: a reader may meet a
+    server while it is away)."""
     before = pushed_per_server(ra.cluster)
 
-    def job():
-        try:
-            result["v"] = in_group(app, "upgrade", lambda: sorted(keyed_sums(app.sc, scratch)
-                                                                  .collect()))
-        except Exception as e:  # noqa: BLE001 - reported below
-            error["e"] = e
-    t = threading.Thread(target=job)
-    t.start()
-    try:
-        wait_until("map 0 pauses", lambda: (scratch / "paused").exists() or not t.is_alive(), 120)
-        assert t.is_alive(), f"the job ended before map 0 paused: {error or result}"
+    def upgrade():
         first = busiest_server(ra.cluster, before)
         leaving = ra.cluster.servers[first]
         leaving.proc.send_signal(signal.SIGTERM)
         time.sleep(1.5)
         assert leaving.proc.poll() is None, f"server{first} stopped with an open shuffle"
-        (scratch / "go").touch()
+        (ra.scratch / "go").touch()
         leaving.proc.wait(60)
         ra.cluster.start_server(first, binary=ra.new_binary)
         for i in (i for i in range(SERVERS) if i != first):
             ra.cluster.stop_server(i)
             ra.cluster.start_server(i, binary=ra.new_binary)
-    finally:
-        (scratch / "go").touch()
-        t.join(300)
-    assert not t.is_alive(), "the job did not end within 300 s"
-    if error:
-        raise error["e"]
-    assert result["v"] == EXPECTED
+    assert run_paused(ra, "upgrade", upgrade) == EXPECTED
     ra.all_live()
 
 
 def test_a_coordinator_killed_mid_job_and_the_next_job_on_the_survivor(ra):
     """The first coordinator (the one the driver talks to) is SIGKILLed while a map task is
     half way: the job finishes right; a new job registers its shuffle with the survivor."""
-    app, scratch = ra.app, ra.scratch
-    for m in ("paused", "go"):
-        (scratch / m).unlink(missing_ok=True)
-    result, error = {}, {}
-
-    def job():
-        try:
-            result["v"] = in_group(app, "coord-kill", lambda: sorted(keyed_sums(app.sc, scratch)
-                                                                     .collect()))
-        except Exception as e:  # noqa: BLE001 - reported below
-            error["e"] = e
-    t = threading.Thread(target=job)
-    t.start()
-    try:
-        wait_until("map 0 pauses", lambda: (scratch / "paused").exists() or not t.is_alive(), 120)
-        assert t.is_alive(), f"the job ended before map 0 paused: {error or result}"
-        ra.cluster.coordinator_procs[0].kill()
-    finally:
-        (scratch / "go").touch()
-        t.join(300)
-    assert not t.is_alive(), "the job did not end within 300 s"
-    if error:
-        raise error["e"]
-    assert result["v"] == EXPECTED
+    app = ra.app
+    assert run_paused(ra, "coord-kill", ra.cluster.coordinator_procs[0].kill) == EXPECTED
     # A new shuffle (a new RDD): registered with the surviving coordinator.
     assert in_group(app, "coord-next", lambda: sorted(keyed_sums(app.sc).collect())) == EXPECTED
     assert not fetch_failures(app, "coord-next")
