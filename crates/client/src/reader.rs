@@ -35,6 +35,8 @@ pub struct PartitionReader {
     inflight: VecDeque<ChunkFuture>,
     ready: VecDeque<Bytes>,
     finished: bool,
+    /// Streams re-opened on the same server after it forgot them (it restarted).
+    reopened: u32,
     /// Payload bytes delivered.
     pub bytes_read: u64,
     /// Batches delivered.
@@ -114,6 +116,7 @@ impl PartitionReader {
             inflight: VecDeque::new(),
             ready: VecDeque::new(),
             finished: false,
+            reopened: 0,
             bytes_read: 0,
             batches_read: 0,
             batches_dropped: 0,
@@ -209,13 +212,26 @@ impl PartitionReader {
     /// After a failure on the current server: re-open the stream on the next server holding
     /// the partition, or give up with `err` when none is left. Batches already delivered are
     /// recognised by their ids and skipped; the committed attempts stay those first read.
+    ///
+    /// A server that answers `UNKNOWN_STREAM` restarted since the stream was opened (streams are
+    /// not kept across restarts, committed data is): the stream is opened again on the same
+    /// server first, a few times at most.
     async fn fail_over(&mut self, err: ClientError) -> Result<(), ClientError> {
-        if self.current + 1 >= self.candidates.len() {
+        let restarted = err.code() == ErrorCode::UnknownStream && self.reopened < MAX_REOPENS;
+        if !restarted && self.current + 1 >= self.candidates.len() {
             return Err(err);
         }
-        self.current += 1;
+        if restarted {
+            self.reopened += 1;
+        } else {
+            self.current += 1;
+        }
         let next = self.candidates[self.current];
-        tracing::warn!(from = %self.addr, to = %next, error = %err, "reading from the replica");
+        if restarted {
+            tracing::info!(server = %next, "the server forgot the stream (restarted?); opening it again");
+        } else {
+            tracing::warn!(from = %self.addr, to = %next, error = %err, "reading from the replica");
+        }
         self.close_current();
         let handle = open_on(&self.client, next, &self.open_msg).await?;
         self.addr = next;
@@ -273,6 +289,10 @@ impl Drop for PartitionReader {
         }
     }
 }
+
+/// How many times a reader opens its stream again on a server that forgot it (see
+/// `PartitionReader::fail_over`).
+const MAX_REOPENS: u32 = 3;
 
 /// Opens a stream on one server, retrying retriable failures (e.g. not committed yet).
 async fn open_on(

@@ -117,6 +117,10 @@ pub enum Op {
         /// 0: healthy; 1: current files not kept; 2: nothing can be opened.
         state: u8,
     },
+    /// The server restarts: a readable shuffle comes back from its commit record (encoded and
+    /// decoded, as a restarted server reads it), and every stream is gone; it must serve the
+    /// same bytes as before. (An unsealed shuffle is not restarted: a restart deletes it.)
+    Restart,
     /// Time passes; idle streams expire.
     Tick {
         /// Seconds.
@@ -217,6 +221,8 @@ pub struct Harness {
     now: Instant,
     /// Operations applied (for messages).
     step: usize,
+    /// Restarts that brought a readable shuffle back from its record.
+    restarts: usize,
 }
 
 impl Default for Harness {
@@ -249,6 +255,7 @@ impl Harness {
             next_batch: 0,
             now: Instant::now(),
             step: 0,
+            restarts: 0,
         }
     }
 
@@ -292,6 +299,7 @@ impl Harness {
             }
             Op::Unregister => self.unregister(),
             Op::Disk { state } => self.storage.state = state % 3,
+            Op::Restart => self.restart(),
             Op::Tick { secs } => {
                 self.now += Duration::from_secs(*secs as u64);
                 self.streams.expire(self.now, STREAM_IDLE);
@@ -349,6 +357,28 @@ impl Harness {
             self.flush_done(0);
             self.check();
         }
+    }
+
+    fn restart(&mut self) {
+        let Some(s) = self.shuffle.clone() else { return };
+        if s.lifecycle() != Lifecycle::Readable {
+            return;
+        }
+        let record = s.commit_record(|f: &FakeFile| f.to_string());
+        let decoded = crate::core::decode_record(&record).expect("a fresh record decodes");
+        let back = Shuffle::recovered(decoded, |_, _, name, _| {
+            name.parse::<FakeFile>().map_err(|e| e.to_string())
+        });
+        self.apps = Apps::default();
+        self.apps.insert_recovered(back, self.now);
+        self.shuffle = Some(self.apps.shuffle(APP, SHUFFLE).expect("recovered"));
+        // As the server does: ids above every id of the run before.
+        self.streams =
+            Streams::starting_at(self.opened.iter().map(|o| o.id).max().unwrap_or(0) + 1);
+        for o in &mut self.opened {
+            o.gone = true;
+        }
+        self.restarts += 1;
     }
 
     fn register(&mut self) {
@@ -888,7 +918,8 @@ fn held_bytes(v: &[(u64, u64)]) -> u64 {
 
 /// Applies the operations `data` decodes to, checking after each, then drains everything (the
 /// fuzz target's body). Decoding stops at the first byte sequence that makes no operation.
-pub fn run(data: &[u8]) {
+/// Returns how many restarts brought a readable shuffle back.
+pub fn run(data: &[u8]) -> usize {
     let mut u = Unstructured::new(data);
     let mut h = Harness::new();
     h.apply(&Op::Register);
@@ -899,6 +930,7 @@ pub fn run(data: &[u8]) {
         }
     }
     h.finish();
+    h.restarts
 }
 
 #[cfg(test)]
@@ -910,10 +942,14 @@ mod tests {
     #[test]
     fn random_operation_sequences_keep_the_invariants() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
+        let mut restarts = 0;
         for _ in 0..3000 {
             let len = rng.random_range(16..2048);
             let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
-            super::run(&data);
+            restarts += super::run(&data);
         }
+        // Restarts of a readable shuffle, then reads of it, are among what is checked.
+        assert!(restarts >= 50, "only {restarts} restarts of a readable shuffle");
+        eprintln!("{restarts} restarts of a readable shuffle");
     }
 }

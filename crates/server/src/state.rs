@@ -127,7 +127,7 @@ impl ServerState {
             body_pool,
             flushers,
             apps,
-            streams: Streams::default(),
+            streams: Streams::starting_at(first_stream_id()),
             flushing_bytes,
             flushes_done,
             relieving: AtomicBool::new(false),
@@ -550,6 +550,16 @@ impl ServerState {
     pub(crate) fn partitions_held(&self) -> u32 {
         self.apps.partitions_held()
     }
+}
+
+/// The first stream id of this run: the start time in seconds above 32 bits, so that no id of
+/// an earlier run (which would have had to open 2^32 streams a second) comes back after a
+/// restart.
+fn first_stream_id() -> u64 {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    (secs << 32) | 1
 }
 
 /// Bytes of a ChunkData frame besides its body (header and fields).

@@ -316,3 +316,32 @@ async fn sigkill_during_a_commit_leaves_the_whole_shuffle_or_a_clean_error() {
     })
     .await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_carries_on_across_a_restart_of_its_server() {
+    bounded("a_reader_carries_on_across_a_restart", 60, async {
+        let (r, mut server) = Restartable::new(&["chunk_bytes=65536"]);
+        let client = client_with("reread-app", None, |o| o.fetch_prefetch_chunks = 1);
+        let a = assignment(1, &[r.addr], PARTITIONS);
+        write_shuffle(&client, &a, true).await;
+        let whole = read_partition(&client, &a, 0, 0, MAPS).await.unwrap();
+        assert!(whole.batches_read > 4, "too few batches to stop half way");
+
+        let mut reader = client.reader(&a, 0, 0, MAPS).await.unwrap();
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            got.extend(parse_records(&reader.next_batch().await.unwrap().unwrap()));
+        }
+        sigterm(&server);
+        assert!(eventually(10, || !server.is_running()).await, "SIGTERM did not stop it");
+        let _server = r.start();
+        while let Some(b) = reader.next_batch().await.expect("the reader carries on") {
+            got.extend(parse_records(&b));
+        }
+        got.sort();
+        let mut want = whole.records.clone();
+        want.sort();
+        assert_eq!(got, want, "records lost or repeated across the restart");
+    })
+    .await
+}

@@ -31,7 +31,16 @@ pub struct Streams<F, B> {
 
 impl<F, B> Default for Streams<F, B> {
     fn default() -> Self {
-        Streams { open: Mutex::new(HashMap::new()), next_id: AtomicU64::new(1) }
+        Streams::starting_at(1)
+    }
+}
+
+impl<F, B> Streams<F, B> {
+    /// No stream open; the first to open gets id `first`. A restarted server must not hand out
+    /// the ids of its previous run: a reader still holding one would fetch another stream's
+    /// chunks. The shell picks `first` above every id an earlier run can have used.
+    pub fn starting_at(first: u64) -> Self {
+        Streams { open: Mutex::new(HashMap::new()), next_id: AtomicU64::new(first.max(1)) }
     }
 }
 
