@@ -65,6 +65,11 @@ pub struct ServerConfig {
     /// commit record written next to them, so a restarted server serves it again. `false`: no
     /// sync and no record; a restart loses what the server held (the old behaviour).
     pub durable_commit: bool,
+    /// With `durable_commit`: start writing each flush back to disk as soon as it is written
+    /// (`sync_file_range`), so that a commit's sync finds little left to write. Without it the
+    /// page cache holds the bytes until the commit syncs them all at once.
+    /// Measured: docs/benchmarks.md (durable commit).
+    pub flush_writeback: bool,
     /// Coordinator addresses (`host:port`) to heartbeat to.
     pub coordinators: Vec<String>,
     /// Interval between heartbeats to each coordinator, in milliseconds.
@@ -98,6 +103,7 @@ impl Default for ServerConfig {
             app_expiry_ms: 120_000,
             drain_timeout_ms: 3_600_000,
             durable_commit: true,
+            flush_writeback: true,
             coordinators: Vec::new(),
             heartbeat_interval_ms: 1_000,
             transport: sluice_transport::ServerConfig::default(),

@@ -42,19 +42,28 @@ pub type OnFlushed = Arc<dyn Fn(u64, bool, u64) + Send + Sync>;
 pub struct Flushers {
     queues: Vec<Sender<FlushJob>>,
     storage: Arc<Storage>,
-    write_bytes: usize,
+    how: WriteHow,
     on_done: OnFlushed,
+}
+
+/// How flushers write.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteHow {
+    /// Each `pwritev` ends at a multiple of this in the file (see
+    /// `ServerConfig::flush_write_bytes`).
+    pub write_bytes: usize,
+    /// Start writing each flush back to disk at once (see `ServerConfig::flush_writeback`).
+    pub writeback: bool,
 }
 
 impl Flushers {
     /// Starts `per_dir` threads for each directory, each `nice` steps below the server's
-    /// priority, each `pwritev` ending at a multiple of `write_bytes` in the file (see
-    /// `ServerConfig::flush_write_bytes`). `on_done` is called after each plan is reported.
+    /// priority, each writing as `how` says. `on_done` is called after each plan is reported.
     pub fn start(
         storage: Arc<Storage>,
         per_dir: usize,
         nice: i32,
-        write_bytes: usize,
+        how: WriteHow,
         on_done: OnFlushed,
     ) -> Flushers {
         let mut queues = Vec::new();
@@ -69,14 +78,14 @@ impl Flushers {
                     .spawn(move || {
                         lower_priority(nice);
                         for job in rx {
-                            run_job(&storage, job, write_bytes, &on_done);
+                            run_job(&storage, job, how, &on_done);
                         }
                     })
                     .expect("spawn flusher thread");
             }
             queues.push(tx);
         }
-        Flushers { queues, storage, write_bytes, on_done }
+        Flushers { queues, storage, how, on_done }
     }
 
     /// Queues a plan on its directory's flushers.
@@ -84,7 +93,7 @@ impl Flushers {
         let queue = &self.queues[plan.file().dir.index];
         if let Err(e) = queue.send(FlushJob { shuffle: shuffle.clone(), plan }) {
             // Only when the threads are gone (shutdown): write inline rather than lose it.
-            run_job(&self.storage, e.into_inner(), self.write_bytes, &self.on_done);
+            run_job(&self.storage, e.into_inner(), self.how, &self.on_done);
         }
     }
 }
@@ -101,7 +110,7 @@ fn lower_priority(nice: i32) {
     }
 }
 
-fn run_job(storage: &Storage, job: FlushJob, write_bytes: usize, on_done: &OnFlushed) {
+fn run_job(storage: &Storage, job: FlushJob, how: WriteHow, on_done: &OnFlushed) {
     let FlushJob { shuffle, mut plan } = job;
     let started = Instant::now();
     let outcome = loop {
@@ -109,8 +118,13 @@ fn run_job(storage: &Storage, job: FlushJob, write_bytes: usize, on_done: &OnFlu
             break FlushOutcome::Dropped;
         }
         let (file, offset) = (plan.file().file.clone(), plan.offset());
-        let e = match write_all_at(&file, plan.slices(), offset, write_bytes) {
-            Ok(()) => break FlushOutcome::Written,
+        let e = match write_all_at(&file, plan.slices(), offset, how.write_bytes) {
+            Ok(()) => {
+                if how.writeback {
+                    start_writeback(&file, offset, plan.bytes());
+                }
+                break FlushOutcome::Written;
+            }
             Err(e) => e,
         };
         // A full disk gives back its recycled files first; then the same write again.
@@ -132,6 +146,26 @@ fn run_job(storage: &Storage, job: FlushJob, write_bytes: usize, on_done: &OnFlu
     // The memory is released here, before a committer waiting for the flush is woken.
     let last = shuffle.flushed(plan, outcome);
     on_done(bytes, last, started.elapsed().as_micros().min(u64::MAX as u128) as u64);
+}
+
+/// Asks the kernel to start writing `len` bytes at `offset` of `file` back to disk, without
+/// waiting for it (`sync_file_range(SYNC_FILE_RANGE_WRITE)`), so that the commit's `fdatasync`
+/// finds them written or under way. Best effort: a failure here shows up at that sync.
+fn start_writeback(file: &std::fs::File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the descriptor is open for the call's duration (`file` is borrowed); the call
+    // reads no memory of ours.
+    let rc = unsafe {
+        libc::sync_file_range(
+            file.as_raw_fd(),
+            offset as libc::off64_t,
+            len as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "sync_file_range failed");
+    }
 }
 
 /// Points a plan whose write failed at the partition's next file. After a full disk with no
@@ -215,13 +249,17 @@ fn write_all_at(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn how(write_bytes: usize) -> WriteHow {
+        WriteHow { write_bytes, writeback: true }
+    }
     use std::os::unix::fs::FileExt;
 
     #[test]
     fn flusher_threads_run_below_the_servers_priority() {
         let dir = tempfile::tempdir().unwrap();
         let storage = Arc::new(Storage::open(&[dir.path().to_path_buf()], 0, 0));
-        let _f = Flushers::start(storage, 1, 7, 256 << 10, Arc::new(|_, _, _| {}));
+        let _f = Flushers::start(storage, 1, 7, how(256 << 10), Arc::new(|_, _, _| {}));
         let me = rustix::process::getpriority_process(None).unwrap();
         let want = (me + 7).min(19);
         let task_dir = std::path::Path::new("/proc/self/task");
@@ -282,7 +320,7 @@ mod tests {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let storage =
             Arc::new(Storage::open(&[a.path().to_path_buf(), b.path().to_path_buf()], 0, 0));
-        let flushers = Flushers::start(storage.clone(), 1, 0, 4096, Arc::new(|_, _, _| {}));
+        let flushers = Flushers::start(storage.clone(), 1, 0, how(4096), Arc::new(|_, _, _| {}));
         let shuffle = Arc::new(Shuffle::new(crate::core::ShuffleKey::new("app", 1), 1, 1, 1));
         flush_once(&storage, &flushers, &shuffle, 1000);
         let first = shuffle.partition(0).unwrap().current_file().unwrap().dir.index;

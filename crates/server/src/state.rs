@@ -116,7 +116,10 @@ impl ServerState {
             storage.clone(),
             config.flushers_per_dir,
             config.flusher_nice,
-            config.flush_write_bytes,
+            crate::flusher::WriteHow {
+                write_bytes: config.flush_write_bytes,
+                writeback: config.durable_commit && config.flush_writeback,
+            },
             on_done,
         );
         Arc::new(ServerState {
