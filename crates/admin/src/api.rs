@@ -142,8 +142,8 @@ pub struct ServerStatus {
     pub connections: u64,
     /// Shuffles held, of every application.
     pub shuffles_held: u64,
-    /// Of those, the ones not committed yet: what a restart would lose (a SIGTERM waits for
-    /// them to be committed).
+    /// Of those, the ones not committed yet that hold data: what a restart would lose (a
+    /// SIGTERM waits for them to be committed).
     pub uncommitted_shuffles: u64,
     /// Partitions of those shuffles.
     pub partitions_held: u32,
@@ -158,7 +158,7 @@ pub struct DrainState {
     pub draining: bool,
     /// Shuffles it still holds (a decommission is complete at 0).
     pub shuffles_held: u64,
-    /// Of those, the ones not committed yet (a restart loses nothing at 0).
+    /// Of those, the ones not committed yet that hold data (a restart loses nothing at 0).
     pub uncommitted_shuffles: u64,
 }
 

@@ -13,6 +13,11 @@
 //! was never committed and is deleted; a record that cannot be read at all makes the shuffle
 //! lost as a whole. Its application is then held as if just heard from: it expires like any
 //! other when no heartbeat follows (`app_expiry_ms`).
+//!
+//! **At a stop** (SIGTERM), once no uncommitted shuffle holds data, the open shuffles that hold
+//! nothing (a job's later stages, registered before they run) are *parked*: their pushes are
+//! refused with `SHUTTING_DOWN`, which clients retry, and their registration is written as a
+//! record marked not sealed. The restarted server holds them open again and takes the pushes.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -164,7 +169,21 @@ pub fn recover(storage: &Storage) -> Recovered {
             out.uncommitted += 1;
             continue;
         }
-        let shuffle = match merge(records) {
+        let merged = merge(records);
+        // A registration parked at a clean stop (open, empty) with data files beside it took
+        // pushes after a restart and was never committed: it is garbage, like any uncommitted
+        // shuffle (readers of it are told it is unknown, never served part of it).
+        if merged.as_ref().is_ok_and(|d| !d.sealed) && places.iter().any(|(_, p)| has_data_files(p))
+        {
+            for (_, path) in &places {
+                let _ = std::fs::remove_dir_all(path);
+            }
+            tracing::info!(app = %app, shuffle = shuffle_id,
+                "shuffle took pushes after a restart and was never committed; its files are deleted");
+            out.uncommitted += 1;
+            continue;
+        }
+        let shuffle = match merged {
             Ok(d) => Shuffle::recovered(d, |pid, n, name, needed| {
                 open_partition_file(storage, &app, shuffle_id, (pid, n), name, needed)
             }),
@@ -183,6 +202,13 @@ pub fn recover(storage: &Storage) -> Recovered {
         out.shuffles.push(shuffle);
     }
     out
+}
+
+/// Whether a shuffle directory holds a partition file.
+fn has_data_files(sdir: &Path) -> bool {
+    std::fs::read_dir(sdir).is_ok_and(|entries| {
+        entries.filter_map(Result::ok).any(|e| e.path().extension().is_some_and(|x| x == "data"))
+    })
 }
 
 /// The subdirectories of `path`, by name (none when it cannot be read).
@@ -205,7 +231,8 @@ fn remove_tmp_records(sdir: &Path) {
 }
 
 /// One record from the copies on several directories: the first readable one, each damaged
-/// partition entry of it taken from another copy where that one is sound.
+/// partition entry of it taken from another copy where that one is sound. A commit record wins
+/// over a parked registration left on another directory by an earlier stop.
 fn merge(records: Vec<Result<Decoded, String>>) -> Result<Decoded, String> {
     let mut good = Vec::new();
     let mut why = String::new();
@@ -214,6 +241,9 @@ fn merge(records: Vec<Result<Decoded, String>>) -> Result<Decoded, String> {
             Ok(d) => good.push(d),
             Err(e) => why = e,
         }
+    }
+    if good.iter().any(|d| d.sealed) {
+        good.retain(|d| d.sealed);
     }
     let mut copies = good.into_iter();
     let mut best = copies.next().ok_or(why)?;

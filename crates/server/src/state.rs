@@ -538,10 +538,55 @@ impl ServerState {
         self.apps.shuffles_held()
     }
 
-    /// Shuffles held that are not committed yet (see [`ServerConfig::durable_commit`]: the
-    /// committed ones survive a restart).
+    /// Shuffles held that are not committed yet and hold data (see
+    /// [`ServerConfig::durable_commit`]: the committed ones survive a restart, and so do open
+    /// ones that hold nothing, once parked: [`ServerState::park_open_shuffles`]).
     pub fn unsealed_shuffles(&self) -> usize {
         self.apps.unsealed()
+    }
+
+    /// For a stop: every open shuffle that holds nothing stops taking pushes (`SHUTTING_DOWN`,
+    /// which clients retry) and its registration is written next to where its data would go,
+    /// so the restarted server takes its pushes. Returns `false`, with nothing parked, when
+    /// some open shuffle holds data after all (a push came in meanwhile) or a record cannot be
+    /// written: the stop must wait.
+    pub async fn park_open_shuffles(&self) -> bool {
+        let open: Vec<ShuffleRef> = self
+            .apps
+            .shuffles()
+            .into_iter()
+            .filter(|s| s.lifecycle() == crate::core::Lifecycle::Open)
+            .collect();
+        let mut parked: Vec<ShuffleRef> = Vec::new();
+        for s in open {
+            if !s.park() {
+                parked.iter().for_each(|p| p.unpark());
+                return false;
+            }
+            parked.push(s);
+        }
+        let storage = self.storage.clone();
+        let records: Vec<_> = parked
+            .iter()
+            .map(|s| {
+                (s.key().clone(), s.commit_record(|f: &FileRef| f.dir.path.display().to_string()))
+            })
+            .collect();
+        let n = records.len();
+        let written = tokio::task::spawn_blocking(move || {
+            records.iter().try_for_each(|(key, r)| crate::durable::persist(&storage, key, r, &[]))
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+        if let Err(e) = written {
+            tracing::error!(error = %e, "cannot write the registrations of open shuffles; not stopping yet");
+            parked.iter().for_each(|p| p.unpark());
+            return false;
+        }
+        if n > 0 {
+            tracing::info!(shuffles = n, "open shuffles with no data parked: pushes to them are refused (retriable) until the restart");
+        }
+        true
     }
 
     /// Every application and what its shuffles hold now (for the status API).

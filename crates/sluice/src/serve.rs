@@ -202,7 +202,9 @@ async fn server_stop(state: Arc<sluice_server::ServerState>) {
                 if decommission && !state.is_draining() {
                     return false;
                 }
-                if done(&state) == 0 {
+                // A restart keeps committed shuffles, and the open ones that hold nothing once
+                // they are parked (their registrations written).
+                if done(&state) == 0 && (decommission || state.park_open_shuffles().await) {
                     tracing::info!(
                         shuffles_held = state.shuffles_held(),
                         "drained: nothing left that a stop would lose; stopping"

@@ -226,14 +226,24 @@ async fn sigterm_waits_for_open_shuffles_to_be_committed_then_a_restart_serves_t
         register_direct(&client, &a, MAPS).await.unwrap();
         let mut w = client.writer(a.clone(), 0, 0).await.unwrap();
         for seq in 0..20 {
-            w.add_batch(seq % PARTITIONS, &framed(&[record(0, 0, seq, 5000)])).await.unwrap();
+            w.add_batch(seq % PARTITIONS, &framed(&[record(0, 0, seq, 200_000)])).await.unwrap();
         }
+        // Some of it on the server (the writer sends full pushes only) before the signal.
+        let mut pushed = 0.0;
+        for _ in 0..100 {
+            pushed = metric(&server, "sluice_server_pushed_bytes_total").await;
+            if pushed > 0.0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(pushed > 0.0, "nothing reached the server");
         sigterm(&server);
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert!(server.is_running(), "stopped with an open shuffle: its pushes would be lost");
         // Pushes to the open shuffle are still taken while it drains.
         for seq in 20..40 {
-            w.add_batch(seq % PARTITIONS, &framed(&[record(0, 0, seq, 5000)])).await.unwrap();
+            w.add_batch(seq % PARTITIONS, &framed(&[record(0, 0, seq, 200_000)])).await.unwrap();
         }
         w.finish().await.unwrap();
         for m in 1..MAPS {
@@ -247,6 +257,27 @@ async fn sigterm_waits_for_open_shuffles_to_be_committed_then_a_restart_serves_t
         let got = read_all(&client, &a).await;
         let n: usize = got.iter().map(|p| p.as_ref().map(|v| v.len()).unwrap()).sum();
         assert_eq!(n, 40);
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_shuffle_without_data_does_not_hold_a_stop_and_is_open_after_the_restart() {
+    bounded("an_open_shuffle_without_data_does_not_hold_a_stop", 60, async {
+        let (r, mut server) = Restartable::new(&["chunk_bytes=65536"]);
+        let client = client("later-stage-app", None);
+        // A job's later stage: registered, nothing pushed yet.
+        let later = assignment(2, &[r.addr], PARTITIONS);
+        register_direct(&client, &later, MAPS).await.unwrap();
+        sigterm(&server);
+        assert!(eventually(10, || !server.is_running()).await, "an empty shuffle held the stop");
+        assert!(server.log_text().contains("parked"), "no log line: {}", server.log_text());
+        let _server = r.start();
+        // The restarted server takes the stage's pushes and serves its data.
+        write_shuffle(&client, &later, true).await;
+        let got = read_all(&client, &later).await;
+        let n: usize = got.iter().map(|p| p.as_ref().map(|v| v.len()).unwrap()).sum();
+        assert_eq!(n, (MAPS * 40) as usize);
     })
     .await
 }

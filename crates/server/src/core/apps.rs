@@ -174,12 +174,11 @@ impl<F: Clone> Apps<F> {
         self.apps.lock().values().map(|a| a.shuffles.len()).sum()
     }
 
-    /// Shuffles held that are not readable yet (open for pushes, or committing): what a restart
-    /// would lose.
+    /// Shuffles held that are not committed and hold data: what a restart would lose.
     pub fn unsealed(&self) -> usize {
         let apps = self.apps.lock();
         let all = apps.values().flat_map(|a| a.shuffles.values());
-        all.filter(|s| s.lifecycle() < super::shuffle::Lifecycle::Readable).count()
+        all.filter(|s| s.unsealed_with_data()).count()
     }
 
     /// Partitions of all shuffles held.

@@ -207,6 +207,11 @@ impl<F: Clone> Partition<F> {
         &self.chunks
     }
 
+    /// Whether a file was opened for it.
+    pub fn has_files(&self) -> bool {
+        !self.files.is_empty()
+    }
+
     /// Why the partition lost data, if it did.
     pub fn lost(&self) -> Option<&str> {
         match &self.health {

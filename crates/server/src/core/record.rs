@@ -23,6 +23,8 @@ const SECTION_HEADER: usize = 8;
 #[derive(Debug, Serialize, Deserialize)]
 struct Header {
     version: u32,
+    /// Committed (readable); `false`: a registration parked at a stop, open and empty.
+    sealed: bool,
     app_id: String,
     shuffle_id: u32,
     num_maps: u32,
@@ -52,6 +54,8 @@ pub struct Decoded {
     pub app_id: String,
     /// The shuffle's id.
     pub shuffle_id: u32,
+    /// Committed; `false`: an open, empty shuffle parked at a clean stop.
+    pub sealed: bool,
     pub(super) num_maps: u32,
     pub(super) chunk_bytes: u64,
     pub(super) maps: MapEnds,
@@ -90,11 +94,12 @@ fn take_section<'a>(data: &'a [u8], at: &mut usize) -> Result<&'a [u8], String> 
 pub(super) fn encode(
     (app_id, shuffle_id): (&str, u32),
     (num_maps, chunk_bytes): (u32, u64),
-    maps: &MapEnds,
+    (sealed, maps): (bool, &MapEnds),
     partitions: impl ExactSizeIterator<Item = PartitionRecord>,
 ) -> Vec<u8> {
     let header = Header {
         version: VERSION,
+        sealed,
         app_id: app_id.to_owned(),
         shuffle_id,
         num_maps,
@@ -140,6 +145,7 @@ pub fn decode(data: &[u8]) -> Result<Decoded, String> {
     Ok(Decoded {
         app_id: header.app_id,
         shuffle_id: header.shuffle_id,
+        sealed: header.sealed,
         num_maps: header.num_maps,
         chunk_bytes: header.chunk_bytes,
         maps: header.maps,
@@ -168,7 +174,7 @@ mod tests {
             PartitionRecord::Stored { files: vec![], chunks: vec![] },
             PartitionRecord::Lost("disk failed".into()),
         ];
-        encode(("app-1", 7), (2, 1 << 20), &maps, parts.into_iter())
+        encode(("app-1", 7), (2, 1 << 20), (true, &maps), parts.into_iter())
     }
 
     #[test]

@@ -88,6 +88,9 @@ pub struct Shuffle<F> {
     /// Set for a shuffle whose commit record could not be read at start (why): every stream of
     /// it is `DATA_LOST`.
     lost: Option<String>,
+    /// Open and empty while the server stops: pushes get `SHUTTING_DOWN` (retriable) until the
+    /// restarted server, which serves it open again from its record, takes them.
+    parked: std::sync::atomic::AtomicBool,
 }
 
 impl<F: Clone> Shuffle<F> {
@@ -103,7 +106,46 @@ impl<F: Clone> Shuffle<F> {
             maps: Mutex::new(MapEnds::default()),
             flushes_in_flight: AtomicU64::new(0),
             lost: None,
+            parked: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether a restart would lose something of it: it is not committed and holds data (pushed
+    /// bytes, files, or a map's end). An open shuffle with none comes back open and empty from
+    /// the record [`Self::park`] allows.
+    pub fn unsealed_with_data(&self) -> bool {
+        if self.lifecycle() >= Lifecycle::Readable {
+            return false;
+        }
+        if self.lifecycle() == Lifecycle::Committing || self.maps.lock().ended() > 0 {
+            return true;
+        }
+        self.partitions.iter().any(|p| {
+            let p = p.lock();
+            p.buffered_bytes() > 0 || !p.chunks().is_empty() || p.has_files()
+        })
+    }
+
+    /// For a stopping server: an open shuffle that holds nothing stops taking pushes
+    /// (`SHUTTING_DOWN`, which clients retry) and returns `true`: its registration alone, in a
+    /// record ([`Self::commit_record`]), lets the restarted server take them again. `false`
+    /// (and nothing changes) when it is not open or holds data.
+    pub fn park(&self) -> bool {
+        if self.lifecycle() != Lifecycle::Open {
+            return false;
+        }
+        self.parked.store(true, Ordering::Release);
+        // A push admitted before the flag may have stored data meanwhile: it stays open then.
+        if self.unsealed_with_data() {
+            self.parked.store(false, Ordering::Release);
+            return false;
+        }
+        true
+    }
+
+    /// Takes pushes again after [`Self::park`] (the stop was called off).
+    pub fn unpark(&self) {
+        self.parked.store(false, Ordering::Release);
     }
 
     /// A committed shuffle read back from its commit record at start: readable at once. `open`
@@ -133,15 +175,17 @@ impl<F: Clone> Shuffle<F> {
             };
             Mutex::new(Partition::recovered(stored))
         });
+        let lifecycle = if d.sealed { Lifecycle::Readable } else { Lifecycle::Open };
         Shuffle {
             key,
             num_maps: d.num_maps,
             chunk_bytes: d.chunk_bytes,
-            lifecycle: AtomicU8::new(Lifecycle::Readable as u8),
+            lifecycle: AtomicU8::new(lifecycle as u8),
             partitions: partitions.collect(),
             maps: Mutex::new(d.maps),
             flushes_in_flight: AtomicU64::new(0),
             lost: None,
+            parked: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -155,7 +199,8 @@ impl<F: Clone> Shuffle<F> {
     }
 
     /// The commit record of a readable shuffle (see `record`): its map ends and each
-    /// partition's files, named by `name`, and chunk index.
+    /// partition's files, named by `name`, and chunk index. Of a parked one (see
+    /// [`Self::park`]): its registration, marked not sealed, read back as an open shuffle.
     pub fn commit_record(&self, name: impl Fn(&F) -> String) -> Vec<u8> {
         let maps = self.maps.lock().clone();
         let parts: Vec<PartitionRecord> =
@@ -163,7 +208,7 @@ impl<F: Clone> Shuffle<F> {
         record::encode(
             (self.key.app_id(), self.key.shuffle_id()),
             (self.num_maps, self.chunk_bytes),
-            &maps,
+            (self.lifecycle() == Lifecycle::Readable, &maps),
             parts.into_iter(),
         )
     }
@@ -212,6 +257,10 @@ impl<F: Clone> Shuffle<F> {
     /// Refuses what the lifecycle forbids a push.
     fn check_open(&self) -> Result<(), Refusal> {
         match self.lifecycle() {
+            Lifecycle::Open if self.parked.load(Ordering::Acquire) => Err(Refusal::new(
+                ErrorCode::ShuttingDown,
+                format!("the server is restarting; {} takes pushes again after it", self.key),
+            )),
             Lifecycle::Open => Ok(()),
             Lifecycle::Deleted => Err(Refusal::new(
                 ErrorCode::UnknownShuffle,

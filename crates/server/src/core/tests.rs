@@ -369,3 +369,25 @@ fn concurrent_pushes_relief_and_commit_lose_no_acknowledged_byte() {
         assert_eq!(budget.used(), 0, "round {round}: memory left reserved");
     }
 }
+
+#[test]
+fn an_empty_open_shuffle_parks_and_comes_back_open_one_with_data_does_not_park() {
+    let files = Numbers::default();
+    let s = shuffle(1 << 20);
+    assert!(!s.unsealed_with_data(), "registered, nothing pushed");
+    assert!(s.park());
+    let body = batch_body(0, 0, 10);
+    let pushed = s.push(&[section(0, &body)], &body, None, &files);
+    assert_eq!(pushed.result.unwrap_err().code(), ErrorCode::ShuttingDown, "parked: retriable");
+    // Its record brings it back open: it takes pushes again.
+    let back = Shuffle::recovered(
+        decode_record(&s.commit_record(|f| f.to_string())).unwrap(),
+        |_, _, n, _| n.parse::<u32>().map_err(|e| e.to_string()),
+    );
+    assert_eq!(back.lifecycle(), Lifecycle::Open);
+    assert!(back.push(&[section(0, &body)], &body, None, &files).result.is_ok());
+    // Holding data (buffered only), it does not park: a stop must wait for its commit.
+    assert!(back.unsealed_with_data());
+    assert!(!back.park());
+    assert!(back.push(&[section(1, &body)], &body, None, &files).result.is_ok(), "not left parked");
+}
