@@ -66,7 +66,12 @@ pub fn persist(
     let mut dirs: Vec<(Arc<DataDir>, bool)> =
         by_dir.into_values().map(|(d, _)| (d, true)).collect();
     if dirs.is_empty() {
-        dirs.extend(storage.choose(None).map(|d| (d, false)));
+        // A full directory still takes a record of a few bytes; a failed one does not.
+        let any = storage.dirs().iter().find(|d| !d.is_failed()).cloned();
+        let Some(dir) = storage.choose(None).or(any) else {
+            return Err(io::Error::other("no data directory is in service"));
+        };
+        dirs.push((dir, false));
     }
     for (dir, has_files) in dirs {
         let sdir = shuffle_dir(&dir, key);

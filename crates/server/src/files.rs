@@ -115,6 +115,11 @@ pub(crate) fn shuffle_dir(dir: &DataDir, key: &ShuffleKey) -> PathBuf {
 /// Removes a deleted shuffle's files from every data directory; each partition's current file is
 /// offered to its directory's recycle pool first (see `storage`). Blocking file work.
 pub fn remove_shuffle_files(storage: &Storage, deleted: Deleted<FileRef>) {
+    // The commit record first: a crash part way through leaves files no restart serves again,
+    // rather than a record whose files are half gone.
+    for d in storage.dirs() {
+        let _ = std::fs::remove_file(shuffle_dir(d, &deleted.key).join(crate::durable::INDEX_FILE));
+    }
     for f in deleted.files {
         // The pool hands a file out only once nobody else holds it (an in-flight flush plan, a
         // stream's chunk bodies), whatever else holds `f` now.
