@@ -62,6 +62,30 @@ struct Cli {
     command: Command,
 }
 
+/// `sluice credential`: the key comes from the environment, never from the command line (which
+/// other users of the machine can read in /proc).
+#[derive(clap::Args)]
+struct CredentialArgs {
+    /// The application id the credential is for.
+    #[arg(long)]
+    app_id: String,
+}
+
+/// Reads the cluster key from `SLUICE_CLUSTER_KEY` and prints the credential of `--app-id`.
+fn credential(args: CredentialArgs) -> anyhow::Result<()> {
+    let key = std::env::var("SLUICE_CLUSTER_KEY").map_err(|_| {
+        anyhow::anyhow!("set SLUICE_CLUSTER_KEY to the cluster key (transport.secret)")
+    })?;
+    anyhow::ensure!(
+        key.chars().count() >= sluice_transport::CLUSTER_KEY_MIN_CHARS,
+        "SLUICE_CLUSTER_KEY is shorter than {} characters",
+        sluice_transport::CLUSTER_KEY_MIN_CHARS
+    );
+    anyhow::ensure!(!args.app_id.is_empty(), "--app-id is empty (the cluster's own identity)");
+    println!("{}", sluice_transport::app_credential(&key, &args.app_id));
+    Ok(())
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run a shuffle server.
@@ -73,6 +97,9 @@ enum Command {
     /// Operate a running cluster through a coordinator's admin API (servers, apps, shuffles,
     /// drain, undrain, unregister, a server's status).
     Admin(admin::AdminArgs),
+    /// Print an application's credential (HMAC of the cluster key and the app id), for the
+    /// launcher that starts the application (docs/security.md).
+    Credential(CredentialArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -101,6 +128,7 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Admin(args) => std::process::exit(rt()?.block_on(admin::run(args))),
+        Command::Credential(args) => credential(args),
         Command::Bench { bench } => bench::run(bench),
     }
 }

@@ -31,6 +31,8 @@ const SERVER_METRICS: &[&str] = &[
     "sluice_server_fetched_chunks_total",
     "sluice_server_fetched_bytes_total",
     "sluice_server_request_errors_total",
+    "sluice_server_requests_unauthorized_total",
+    "sluice_server_handshakes_failed_total",
     "sluice_server_apps_expired_total",
     "sluice_server_body_buffers_reused_total",
     "sluice_server_body_buffers_allocated_total",

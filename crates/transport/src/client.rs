@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use sluice_proto::message::{Handshake, Pong, FEATURE_CRC32C, MAGIC, PROTOCOL_VERSION};
+use sluice_proto::message::{AuthProof, Handshake, Pong, FEATURE_CRC32C, MAGIC, PROTOCOL_VERSION};
 use sluice_proto::{
     encode_frame, ErrorCode, Message, HANDSHAKE_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES,
 };
@@ -24,6 +24,7 @@ use crate::codec::FrameReader;
 use crate::config::ClientConfig;
 use crate::error::TransportError;
 use crate::outbound::{millis, OutFrame, Outbound, WriterOptions};
+use crate::secret::{handshake_proof, nonce};
 use crate::socket::configure;
 use crate::stats::TransportStats;
 
@@ -166,17 +167,31 @@ impl Connection {
         let idle = millis(cfg.idle_timeout_ms);
         let (rd, mut wr) = stream.into_split();
 
+        let client_nonce = nonce();
         let hs = Handshake {
             magic: MAGIC,
             version: PROTOCOL_VERSION,
             features: FEATURE_CRC32C,
             max_frame_bytes: cfg.max_frame_bytes,
             app_id: cfg.app_id.clone(),
-            secret: cfg.secret.clone(),
+            client_nonce: client_nonce.clone(),
         };
         wr.write_all(&encode_frame(0, &Message::Handshake(hs), &[])).await?;
         let mut reader = FrameReader::new(rd, HANDSHAKE_MAX_FRAME_BYTES, idle);
-        let max_frame_bytes = match reader.read_head().await? {
+        let mut reply = reader.read_head().await?;
+        if let Some((_, Message::AuthChallenge(c))) = &reply {
+            // The server has authentication on: prove the credential without sending it.
+            if cfg.secret.is_empty() {
+                return Err(TransportError::Config(format!(
+                    "{addr} requires authentication and no credential is configured \
+                     (transport.secret)"
+                )));
+            }
+            let proof = handshake_proof(&cfg.secret, &cfg.app_id, &c.server_nonce, &client_nonce);
+            wr.write_all(&encode_frame(1, &Message::AuthProof(AuthProof { proof }), &[])).await?;
+            reply = reader.read_head().await?;
+        }
+        let max_frame_bytes = match reply {
             Some((_, Message::HandshakeOk(ok))) => {
                 if !(MIN_MAX_FRAME_BYTES..=cfg.max_frame_bytes).contains(&ok.max_frame_bytes) {
                     return Err(TransportError::Violation(format!(

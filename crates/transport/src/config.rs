@@ -42,7 +42,9 @@ pub struct ServerConfig {
     /// thread): a bound on the disk reads in flight, which a spinning disk wants small. 0: only
     /// tokio's blocking pool (512 threads) bounds them.
     pub max_cold_reads: usize,
-    /// Shared secret a client's handshake must carry; `None` turns authentication off.
+    /// The cluster key (at least 16 characters): a client must prove it (the cluster's own
+    /// peers) or the credential derived from it for the application it names
+    /// (`docs/security.md`). `None` turns authentication off.
     pub secret: Option<String>,
     /// Set `TCP_NODELAY` on accepted sockets.
     pub tcp_nodelay: bool,
@@ -95,6 +97,15 @@ impl ServerConfig {
         if self.max_connections == 0 {
             return bad("max_connections must be at least 1".into());
         }
+        if let Some(key) = &self.secret {
+            let n = key.chars().count();
+            if n < crate::secret::CLUSTER_KEY_MIN_CHARS {
+                return bad(format!(
+                    "secret (the cluster key): {n} characters, need at least {}",
+                    crate::secret::CLUSTER_KEY_MIN_CHARS
+                ));
+            }
+        }
         check_frame_bytes(self.max_frame_bytes)?;
         check_watermarks(self.outbound_high_watermark_bytes, self.outbound_low_watermark_bytes)?;
         if self.outbound_max_file_frames == 0 {
@@ -140,7 +151,9 @@ pub struct ClientConfig {
     pub reconnect_backoff_max_ms: u64,
     /// Application id sent in the handshake ("" for none).
     pub app_id: String,
-    /// Application secret sent in the handshake ("" for none).
+    /// The credential this client proves in the handshake when the peer asks: the cluster key
+    /// for the cluster's own peers (`app_id` empty), else the application's credential
+    /// ([`crate::app_credential`]). Never sent itself. "" for none.
     pub secret: String,
     /// Most frames coalesced into one `writev`; 1 turns batching off.
     pub max_frames_per_write: usize,

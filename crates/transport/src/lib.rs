@@ -17,7 +17,8 @@
 //! - `client`: [`Connection`] — request ids, pending table, timeouts.
 //! - `pool`: [`Pool`] — N connections per peer, reconnect with backoff.
 //! - `stats`: [`TransportStats`] counters.
-//! - `secret`: [`constant_time_eq`] and the rules for the admin API's token.
+//! - `secret`: [`constant_time_eq`], per-application credentials ([`app_credential`]) and the
+//!   handshake's proof, and the rules for the admin API's token.
 //! - `sys`: the raw `sendfile` / `posix_fadvise` / `pread` calls; `socket`: socket options.
 
 #![warn(missing_docs)]
@@ -42,8 +43,11 @@ pub use client::{Connection, Reply};
 pub use config::{ClientConfig, ServerConfig};
 pub use error::TransportError;
 pub use pool::Pool;
-pub use secret::{constant_time_eq, validate_admin_token, ADMIN_TOKEN_MIN_CHARS};
-pub use server::{serve, Admission, ConnInfo, Handler, Request, Response};
+pub use secret::{
+    app_credential, constant_time_eq, handshake_proof, validate_admin_token, ADMIN_TOKEN_MIN_CHARS,
+    CLUSTER_KEY_MIN_CHARS,
+};
+pub use server::{serve, Admission, ConnInfo, Handler, PeerIdentity, Request, Response};
 pub use stats::{StatsSnapshot, TransportStats};
 
 // A connection's two halves on their own, for `sluice bench transport`, which drives the writer

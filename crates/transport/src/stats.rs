@@ -45,6 +45,9 @@ stats! {
     connections_open,
     /// Handshakes refused (version, auth, bad first frame).
     handshakes_failed,
+    /// Requests refused with `UNAUTHORIZED`: they named another application than the one the
+    /// connection is authenticated for, or asked a cluster-only thing of an application's.
+    requests_unauthorized,
     /// Frames received.
     frames_received,
     /// Frames closed by a fatal protocol error from the peer.

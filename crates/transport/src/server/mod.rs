@@ -85,8 +85,61 @@ pub struct ConnInfo {
     pub peer: SocketAddr,
     /// The application id from the handshake, when the client gave one.
     pub app_id: Option<String>,
+    /// Who the handshake proved the peer to be: what it may ask for.
+    pub identity: PeerIdentity,
     /// The `max_frame_bytes` the handshake settled on: no response to this peer may be larger.
     pub max_frame_bytes: u32,
+}
+
+/// Who a connection speaks for, settled by its handshake (`docs/security.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerIdentity {
+    /// Authentication is off (no cluster key): the connection may act for any application.
+    Anyone,
+    /// Proved the cluster key: a server, a coordinator, an operator's tool. May do anything.
+    Cluster,
+    /// Proved the credential of this application: may act for it alone.
+    App(String),
+}
+
+impl PeerIdentity {
+    /// Whether this identity may send `message`: `Err` with the refusal's text when the
+    /// message names another application, or is for the cluster's own peers only.
+    pub fn authorize(&self, message: &Message) -> Result<(), String> {
+        let PeerIdentity::App(own) = self else { return Ok(()) };
+        if message.is_cluster_only() {
+            return Err(format!(
+                "{} is for the cluster's servers only; this connection is authenticated for \
+                 application {own:?}",
+                message.msg_type().name()
+            ));
+        }
+        match message.app_id() {
+            Some(named) if named != own => Err(format!(
+                "this connection is authenticated for application {own:?}, not {named:?}"
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether this identity may act for `app_id` (for requests that name an application only
+    /// through something it owns, as a stream).
+    pub fn may_act_for(&self, app_id: &str) -> bool {
+        match self {
+            PeerIdentity::App(own) => own == app_id,
+            PeerIdentity::Anyone | PeerIdentity::Cluster => true,
+        }
+    }
+}
+
+impl std::fmt::Display for PeerIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PeerIdentity::Anyone => f.write_str("anyone (auth off)"),
+            PeerIdentity::Cluster => f.write_str("cluster"),
+            PeerIdentity::App(a) => write!(f, "app {a:?}"),
+        }
+    }
 }
 
 /// The application above the transport (the shuffle server, the coordinator).
