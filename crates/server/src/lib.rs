@@ -220,6 +220,11 @@ impl Server {
             ("sluice_server_connections_open", t.connections_open),
             ("sluice_server_requests_unauthorized_total", t.requests_unauthorized),
             ("sluice_server_handshakes_failed_total", t.handshakes_failed),
+            ("sluice_server_tls_connections_user_space_total", t.tls_connections_user_space),
+            ("sluice_server_tls_handshakes_failed_total", t.tls_handshakes_failed),
+            ("sluice_server_tls_bytes_total", t.tls_bytes),
+            ("sluice_server_tls_file_bytes_total", t.tls_file_bytes),
+            ("sluice_server_ktls_available", u64::from(sluice_transport::ktls_available())),
             ("sluice_server_shuffles_held", state.shuffles_held() as u64),
             ("sluice_server_partitions_held", u64::from(state.partitions_held())),
         ]);

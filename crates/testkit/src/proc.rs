@@ -118,6 +118,11 @@ impl Proc {
         self.pid
     }
 
+    /// The file its stderr (its log) goes to, when not ours.
+    pub fn log_path(&self) -> Option<&Path> {
+        self.log.as_deref()
+    }
+
     /// SIGKILL and reap (idempotent): a crash, as far as the rest of the cluster can tell.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -12,8 +12,6 @@ use std::time::Duration;
 use sluice_proto::message::{AuthChallenge, HandshakeOk, Pong, FEATURE_CRC32C, PROTOCOL_VERSION};
 use sluice_proto::{encode_frame, ErrorCode, Message, MsgType};
 use sluice_proto::{HANDSHAKE_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES};
-use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Semaphore};
 
@@ -26,6 +24,8 @@ use crate::outbound::{millis, OutFrame, Outbound, WriterOptions};
 use crate::secret::{app_credential, constant_time_eq, handshake_proof, nonce};
 use crate::socket::configure;
 use crate::stats::TransportStats;
+use crate::stream::{Sink, TlsStream};
+use crate::tls::TlsListener;
 
 /// How long we keep reading (and dropping) a peer's bytes after a fatal error frame.
 const LINGER: Duration = Duration::from_secs(1);
@@ -70,8 +70,25 @@ pub(super) async fn run<H: Handler>(
         tracing::warn!(error = %e, "setting socket options failed");
     }
     let idle = millis(cfg.idle_timeout_ms);
-    let (rd, mut wr) = stream.into_split();
-    let mut reader = FrameReader::new(rd, HANDSHAKE_MAX_FRAME_BYTES, idle);
+    let (mut reader, mut wr) = match &shared.tls {
+        None => {
+            let (rd, wr) = stream.into_split();
+            (FrameReader::new(rd, HANDSHAKE_MAX_FRAME_BYTES, idle), Sink::Plain(wr))
+        }
+        Some(tls) => {
+            let accepted = tokio::select! {
+                r = tls_accept(tls, stream, idle) => r,
+                _ = stop.wait_for(|s| *s) => return,
+            };
+            let Some(tls_stream) = accepted else {
+                TransportStats::add(&stats.tls_handshakes_failed, 1);
+                return;
+            };
+            TransportStats::add(&stats.tls_connections_user_space, 1);
+            let (rd, wr) = tokio::io::split(tls_stream);
+            (FrameReader::new(rd, HANDSHAKE_MAX_FRAME_BYTES, idle), Sink::Tls(wr))
+        }
+    };
     reader.set_body_pool(handler.body_pool());
 
     let handshake = tokio::select! {
@@ -142,6 +159,31 @@ pub(super) async fn run<H: Handler>(
     handler.connection_closed(&conn);
 }
 
+/// The TLS handshake of an accepted connection, bounded by the idle timeout (10 s when that is
+/// off: a TLS handshake has no reason to take longer). `None` when it failed, logged: a plain-text
+/// client, an untrusted or expired certificate, a missing client certificate under mTLS.
+async fn tls_accept(
+    tls: &TlsListener,
+    stream: TcpStream,
+    idle: Option<Duration>,
+) -> Option<TlsStream> {
+    let limit = idle.unwrap_or(Duration::from_secs(10));
+    match tokio::time::timeout(limit, tls.acceptor().accept(stream)).await {
+        Ok(Ok(s)) => {
+            crate::tls::log_tls_path_once();
+            Some(TlsStream::Server(s))
+        }
+        Ok(Err(e)) => {
+            tracing::info!(error = %e, "TLS handshake failed; closing");
+            None
+        }
+        Err(_) => {
+            tracing::info!(after_ms = limit.as_millis() as u64, "TLS handshake timed out; closing");
+            None
+        }
+    }
+}
+
 async fn finish_writer(
     writer: tokio::task::JoinHandle<Result<(), TransportError>>,
     grace: Duration,
@@ -196,7 +238,7 @@ async fn handshake_frame(
 /// none) and binds the connection to that identity (`docs/security.md`).
 async fn handshake(
     reader: &mut FrameReader,
-    wr: &mut OwnedWriteHalf,
+    wr: &mut Sink,
     cfg: &ServerConfig,
     idle: Option<Duration>,
     id: u64,
@@ -283,11 +325,11 @@ async fn handshake(
 
 /// Writes a whole frame before the writer task exists (handshake replies and refusals).
 async fn write_direct(
-    wr: &mut OwnedWriteHalf,
+    wr: &mut Sink,
     frame: &[u8],
     idle: Option<Duration>,
 ) -> Result<(), TransportError> {
-    let write = wr.write_all(frame);
+    let write = wr.write_all_flush(frame);
     match idle {
         Some(t) => tokio::time::timeout(t, write)
             .await
@@ -433,6 +475,8 @@ async fn read_loop<H: Handler>(
 /// What one listener's connections share.
 pub(crate) struct Shared {
     pub cfg: ServerConfig,
+    /// The listener's TLS (`None`: plain TCP).
+    pub tls: Option<Arc<TlsListener>>,
     /// Permits for cold read-ins ([`ServerConfig::max_cold_reads`]); `None`: unbounded.
     pub cold_reads: Option<Semaphore>,
 }

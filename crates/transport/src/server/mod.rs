@@ -177,6 +177,15 @@ pub trait Handler: Send + Sync + 'static {
     }
 }
 
+/// Aborts a background task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Accepts connections on `listener` and serves them with `handler` until `shutdown` completes;
 /// then stops accepting, tells every connection to finish its in-flight requests (bounded by
 /// `shutdown_grace_ms`), waits for them, and returns.
@@ -198,7 +207,16 @@ pub async fn serve<H: Handler>(
     }
     // One bound on cold read-ins for all of this listener's connections.
     let cold_reads = (config.max_cold_reads > 0).then(|| Semaphore::new(config.max_cold_reads));
-    let shared = Arc::new(connection::Shared { cfg: config, cold_reads });
+    let tls = match &config.tls {
+        None => None,
+        Some(t) => Some(
+            crate::tls::TlsListener::new(t.clone())
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?,
+        ),
+    };
+    // Reloads the certificates on change or SIGHUP while the listener runs.
+    let _watch = tls.clone().map(|t| AbortOnDrop(tokio::spawn(t.watch())));
+    let shared = Arc::new(connection::Shared { cfg: config, cold_reads, tls });
     // Bounds open connections: a tokio semaphore so the accept loop can await a free slot; each
     // connection task holds its permit until it ends.
     let limit = Arc::new(Semaphore::new(shared.cfg.max_connections));
