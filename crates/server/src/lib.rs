@@ -317,10 +317,11 @@ async fn heartbeat_loop(
     me: Identity,
 ) {
     let Identity { server_id, host, port } = me;
-    // Coordinators with authentication on take the same shared secret as the servers.
+    // Servers prove the cluster key to coordinators (no app id: the cluster's identity).
     let secret = state.config().transport.secret.clone().unwrap_or_default();
+    let tls = state.config().coordinator_tls.clone();
     let pool =
-        Pool::new(ClientConfig { connections_per_peer: 1, secret, ..ClientConfig::default() });
+        Pool::new(ClientConfig { connections_per_peer: 1, secret, tls, ..ClientConfig::default() });
     let mut registered = false;
     // Whether this coordinator takes `ServerStatus` (one that predates it refuses it).
     let mut takes_status = true;

@@ -107,11 +107,16 @@ async fn tls_with_client_certificates_and_every_way_to_fail() {
         let pki = TestPki::new(dir, "cluster").unwrap();
         let (cert, key) = pki.issue("server", &["127.0.0.1", "localhost"], false).unwrap();
         let client_cert = pki.issue("client", &["tls-client"], false).unwrap();
-        let server = scratch.server(&ServerSpec {
+        let mut server = scratch.server(&ServerSpec {
             metrics: true,
             sets: tls_sets(&cert, &key, Some(&pki.ca_file())),
             ..Default::default()
         });
+        // The metrics endpoint runs TLS too (same certificate): a plain scrape gets nothing.
+        let plain_scrape =
+            sluice_testkit::scrape(server.metrics.unwrap(), std::time::Duration::from_secs(5));
+        assert!(plain_scrape.map_or(true, |m| m.is_empty()), "metrics served in plain text");
+        server.tls_ca = Some(pki.ca_file());
         let good = tls_client(&pki.ca_file(), Some(&client_cert));
 
         // A plain-text client: told the server speaks TLS (or, at worst, that it closed).

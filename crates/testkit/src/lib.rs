@@ -26,7 +26,7 @@ mod proc;
 mod ready;
 
 pub use launcher::{Launcher, ServerSpec};
-pub use metrics::{metric, scrape};
+pub use metrics::{metric, scrape, scrape_tls};
 pub use pki::TestPki;
 pub use proc::{proc_status_kib, Proc, START_TIMEOUT};
 pub use ready::wait_registered;

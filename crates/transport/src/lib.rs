@@ -55,7 +55,7 @@ pub use secret::{
 pub use server::{serve, Admission, ConnInfo, Handler, PeerIdentity, Request, Response};
 pub use stats::{StatsSnapshot, TransportStats};
 pub use stream::{Sink, TlsStream};
-pub use tls::{ktls_available, TlsClientConfig, TlsServerConfig};
+pub use tls::{ktls_available, TlsClientConfig, TlsListener, TlsServerConfig};
 
 // A connection's two halves on their own, for `sluice bench transport`, which drives the writer
 // and the reader over a bare socket to measure them without a server or client around them.

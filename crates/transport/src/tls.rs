@@ -171,8 +171,9 @@ impl TlsClientConfig {
     }
 }
 
-/// A listener's TLS: the current rustls configuration, replaced when the files change.
-pub(crate) struct TlsListener {
+/// A listener's TLS: the current rustls configuration, replaced when the files change. The
+/// protocol listener ([`crate::serve`]) and the admin HTTP listener each keep one.
+pub struct TlsListener {
     settings: TlsServerConfig,
     current: RwLock<Arc<rustls::ServerConfig>>,
     stamps: RwLock<Vec<Option<SystemTime>>>,
@@ -183,20 +184,21 @@ fn stamps(files: &[PathBuf]) -> Vec<Option<SystemTime>> {
 }
 
 impl TlsListener {
-    pub(crate) fn new(settings: TlsServerConfig) -> Result<Arc<Self>, TransportError> {
+    /// Reads the files (an error names the file and what is wrong with it).
+    pub fn new(settings: TlsServerConfig) -> Result<Arc<Self>, TransportError> {
         let cfg = settings.load()?;
         let stamps = RwLock::new(stamps(&settings.files()));
         Ok(Arc::new(TlsListener { settings, current: RwLock::new(Arc::new(cfg)), stamps }))
     }
 
     /// The acceptor for the next connection.
-    pub(crate) fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
         let cfg = self.current.read().unwrap_or_else(|e| e.into_inner()).clone();
         tokio_rustls::TlsAcceptor::from(cfg)
     }
 
     /// Reads the files again; on failure the current configuration stays.
-    pub(crate) fn reload(&self, why: &str) {
+    pub fn reload(&self, why: &str) {
         let now = stamps(&self.settings.files());
         match self.settings.load() {
             Ok(cfg) => {
@@ -212,7 +214,7 @@ impl TlsListener {
 
     /// Reloads on `SIGHUP` and, every `reload_check_ms`, when a file's modification time
     /// changed; runs until dropped.
-    pub(crate) async fn watch(self: Arc<Self>) {
+    pub async fn watch(self: Arc<Self>) {
         let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
             Ok(s) => Some(s),
             Err(e) => {

@@ -93,7 +93,9 @@ impl Proc {
     /// Scrapes the child's metrics endpoint (bounded to 5 s).
     pub async fn metrics(&self) -> HashMap<String, f64> {
         let addr = self.0.metrics.expect("started with --metrics-listen");
-        let scrape = move || sluice_testkit::scrape(addr, Duration::from_secs(5));
+        let ca = self.0.tls_ca.clone();
+        let scrape =
+            move || sluice_testkit::scrape_tls(addr, Duration::from_secs(5), ca.as_deref());
         let m = tokio::task::spawn_blocking(scrape).await.expect("the scrape task");
         m.unwrap_or_else(|e| panic!("metrics scrape: {e}"))
     }
