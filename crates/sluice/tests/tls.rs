@@ -187,3 +187,45 @@ async fn tls_with_client_certificates_and_every_way_to_fail() {
     })
     .await
 }
+
+/// `sluice admin` against a coordinator whose listeners run TLS: its admin endpoint serves
+/// HTTPS; with the CA the command works, without it (plain HTTP) it fails with a message.
+#[test]
+fn sluice_admin_talks_https_to_a_tls_coordinator() {
+    let scratch = Scratch::new();
+    let pki = TestPki::new(scratch.path(), "admin").unwrap();
+    let (cert, key) = pki.issue("coordinator", &["127.0.0.1"], false).unwrap();
+    let mut args: Vec<String> =
+        ["coordinator", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]
+            .map(String::from)
+            .to_vec();
+    for set in tls_sets(&cert, &key, None) {
+        args.extend(["--set".to_string(), set]);
+    }
+    let coord = scratch.spawn("coordinator", &args);
+    let admin = coord.metrics.expect("an admin endpoint").to_string();
+    let run = |extra: &[&str]| {
+        std::process::Command::new(sluice_bin())
+            .args([
+                "admin",
+                "--coordinator",
+                admin.as_str(),
+                "--json",
+                "--request-timeout-secs",
+                "10",
+            ])
+            .args(extra)
+            .output()
+            .expect("running sluice admin")
+    };
+    let ca = pki.ca_file().display().to_string();
+    let ok = run(&["--tls-ca-file", &ca, "servers"]);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let servers: serde_json::Value =
+        serde_json::from_slice(&ok.stdout).expect("the servers as JSON");
+    assert!(servers.is_object() || servers.is_array(), "{servers}");
+    let plain = run(&["servers"]);
+    assert!(!plain.status.success(), "plain HTTP answered by a TLS endpoint");
+    let why = String::from_utf8_lossy(&plain.stderr);
+    assert!(why.contains(admin.as_str()), "the failure names no address: {why}");
+}
