@@ -184,6 +184,27 @@ async fn tls_with_client_certificates_and_every_way_to_fail() {
             }
         }
         assert!(reloaded, "the certificate was not reloaded on SIGHUP");
+
+        // Reload on change: with `reload_check_ms` short, new files are taken without a signal.
+        let (c2, k2) = pki.issue("watched", &["127.0.0.1"], false).unwrap();
+        let mut sets = tls_sets(&c2, &k2, None);
+        sets.push("transport.tls.reload_check_ms=100".into());
+        let watched = scratch.server(&ServerSpec { sets, ..Default::default() });
+        let trusts_pki = tls_client(&pki.ca_file(), None);
+        Connection::connect(watched.addr, &trusts_pki).await.expect("the first certificate");
+        let next = other.issue("watched-next", &["127.0.0.1"], false).unwrap();
+        std::fs::copy(&next.1, &k2).unwrap();
+        std::fs::copy(&next.0, &c2).unwrap();
+        let mut changed = false;
+        for _ in 0..100 {
+            if let Ok(c) = Connection::connect(watched.addr, &trusts_other).await {
+                call(&c, Ping {}).await.expect("ping after the change");
+                changed = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert!(changed, "the changed files were not reloaded");
     })
     .await
 }
