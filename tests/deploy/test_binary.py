@@ -88,6 +88,8 @@ def test_server_starts_with_rendered_config(render, tmp_path):
 def test_coordinator_starts_with_rendered_config(render, tmp_path):
     (tmp_path / "coordinator.toml").write_text(render.config("coordinator.toml"))
     env = {"SLUICE_COORDINATOR_ADMIN_TOKEN": TOKEN}
+    if render.which == "default":
+        env["SLUICE_COORDINATOR_TRANSPORT__SECRET"] = render.secret_value("sluice-secrets", "transport-secret")
     args = ["coordinator", "--config", "coordinator.toml", "--listen", "127.0.0.1:0"]
     run_checked(args, env, tmp_path)
 

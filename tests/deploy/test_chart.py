@@ -218,8 +218,9 @@ def test_generated_secrets(default):
     assert server["SLUICE_SERVER_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "admin-token"
     coordinator = default.env(default.coordinator)
     assert coordinator["SLUICE_COORDINATOR_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "sluice-secrets"
-    # Coordinators do not take the transport secret (docs/operations.md, "Security").
-    assert not any(name.startswith("SLUICE_COORDINATOR_TRANSPORT") for name in coordinator)
+    # Coordinators take the same cluster key: servers prove it to them (docs/security.md).
+    ref = coordinator["SLUICE_COORDINATOR_TRANSPORT__SECRET"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "sluice-secrets", "key": "transport-secret"}
 
 
 def test_existing_secrets(full):

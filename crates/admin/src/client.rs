@@ -70,7 +70,13 @@ pub struct AdminClient {
     addr: String,
     token: Option<String>,
     timeout: Duration,
+    /// HTTPS, trusting this CA (PEM), for an endpoint whose process runs `[transport.tls]`.
+    tls_ca: Option<std::path::PathBuf>,
 }
+
+/// A connection to the endpoint, plain or TLS.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 
 /// Percent-encodes one path segment (everything but RFC 3986's unreserved characters).
 pub fn segment(s: &str) -> String {
@@ -90,8 +96,16 @@ impl AdminClient {
     /// are taken off), sending `token` as a bearer token when given; each call is bounded by
     /// `timeout`.
     pub fn new(addr: &str, token: Option<String>, timeout: Duration) -> AdminClient {
-        let addr = addr.trim().trim_start_matches("http://").trim_end_matches('/').to_owned();
-        AdminClient { addr, token, timeout }
+        let addr = addr.trim().trim_start_matches("http://").trim_start_matches("https://");
+        let addr = addr.trim_end_matches('/').to_owned();
+        AdminClient { addr, token, timeout, tls_ca: None }
+    }
+
+    /// Talks HTTPS, checking the endpoint's certificate against the CA in `ca` (PEM) and the
+    /// address's IP.
+    pub fn with_tls_ca(mut self, ca: std::path::PathBuf) -> AdminClient {
+        self.tls_ca = Some(ca);
+        self
     }
 
     /// The address it talks to.
@@ -112,6 +126,24 @@ impl AdminClient {
             .await
             .map_err(|_| unreachable(format!("no connection within {:?}", self.timeout)))?
             .map_err(|e| unreachable(e.to_string()))?;
+        let stream: Box<dyn Io> = match &self.tls_ca {
+            None => Box::new(stream),
+            Some(ca) => {
+                let cfg =
+                    sluice_transport::TlsClientConfig { ca_file: ca.clone(), ..Default::default() };
+                let cfg = cfg.load().map_err(|e| unreachable(e.to_string()))?;
+                let ip = stream.peer_addr().map_err(|e| unreachable(e.to_string()))?.ip();
+                let name = rustls_pki_types::ServerName::IpAddress(ip.into());
+                let connect = tokio_rustls::TlsConnector::from(cfg).connect(name, stream);
+                let tls = tokio::time::timeout(self.timeout, connect)
+                    .await
+                    .map_err(|_| {
+                        unreachable(format!("no TLS handshake within {:?}", self.timeout))
+                    })?
+                    .map_err(|e| unreachable(format!("TLS handshake failed: {e}")))?;
+                Box::new(tls)
+            }
+        };
         let exchange = async {
             let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
                 .await

@@ -156,11 +156,87 @@ pub fn with_common<P: Probe>(api: Router, probe: P) -> Router {
         .method_not_allowed_fallback(wrong_method)
 }
 
-/// Serves `router` on `listener` until `shutdown` completes.
+/// Serves `router` on `listener` until `shutdown` completes; over TLS when `tls` is given (the
+/// process's `[transport.tls]`: the same certificate, reloaded the same way). Clients are not
+/// asked for certificates here even when the protocol listener asks (`client_ca_file`):
+/// Prometheus and probes scrape this port, and its writes need the `admin_token`.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
+    tls: Option<sluice_transport::TlsServerConfig>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+    let Some(mut tls) = tls else {
+        return axum::serve(listener, router).with_graceful_shutdown(shutdown).await;
+    };
+    tls.client_ca_file = None;
+    let tls = sluice_transport::TlsListener::new(tls)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+    let local = listener.local_addr()?;
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let watch = tokio::spawn(tls.clone().watch());
+    let accept = tokio::spawn(tls_accept_loop(listener, tls, tx));
+    let served = axum::serve(TlsHttp { rx, local }, router).with_graceful_shutdown(shutdown).await;
+    accept.abort();
+    watch.abort();
+    served
+}
+
+/// Accepts TCP connections and runs each one's TLS handshake on its own task (a slow or
+/// hostile client holds up no other), handing the finished ones to [`TlsHttp`].
+async fn tls_accept_loop(
+    listener: TcpListener,
+    tls: std::sync::Arc<sluice_transport::TlsListener>,
+    tx: tokio::sync::mpsc::Sender<(
+        tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+        std::net::SocketAddr,
+    )>,
+) {
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(error = %e, "admin accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let (acceptor, tx) = (tls.acceptor(), tx.clone());
+        tokio::spawn(async move {
+            let limit = std::time::Duration::from_secs(10);
+            match tokio::time::timeout(limit, acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => {
+                    let _ = tx.send((s, peer)).await;
+                }
+                Ok(Err(e)) => tracing::info!(%peer, error = %e, "admin TLS handshake failed"),
+                Err(_) => tracing::info!(%peer, "admin TLS handshake timed out"),
+            }
+        });
+    }
+}
+
+/// The admin listener's connections once their TLS handshake is done.
+struct TlsHttp {
+    rx: tokio::sync::mpsc::Receiver<(
+        tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+        std::net::SocketAddr,
+    )>,
+    local: std::net::SocketAddr,
+}
+
+impl axum::serve::Listener for TlsHttp {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.rx.recv().await {
+            Some(x) => x,
+            // The accept loop is gone (only at shutdown): no more connections.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
 }

@@ -273,10 +273,7 @@ impl ShuffleClient {
 
     /// Registers the application with a coordinator.
     pub async fn register_app(&self) -> Result<(), ClientError> {
-        self.coordinator_request(
-            RegisterApp { app_id: self.inner.app_id.clone(), secret: String::new() }.into(),
-        )
-        .await?;
+        self.coordinator_request(RegisterApp { app_id: self.inner.app_id.clone() }.into()).await?;
         Ok(())
     }
 

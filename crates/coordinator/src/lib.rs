@@ -68,6 +68,10 @@ pub struct CoordinatorConfig {
     /// How long handing an assignment to one peer may take before it is given up on (the peer
     /// asks for it when it starts again), in milliseconds.
     pub peer_timeout_ms: u64,
+    /// TLS to the peers (`[peer_tls]`: `ca_file`, and `cert_file`/`key_file` when they require
+    /// client certificates); `None`: plain TCP. Peers prove the cluster key
+    /// (`transport.secret`) like servers do.
+    pub peer_tls: Option<sluice_transport::TlsClientConfig>,
 }
 
 impl Default for CoordinatorConfig {
@@ -80,6 +84,7 @@ impl Default for CoordinatorConfig {
             admin_token: None,
             peers: Vec::new(),
             peer_timeout_ms: 1_000,
+            peer_tls: None,
         }
     }
 }
@@ -471,6 +476,7 @@ impl Coordinator {
                 // assignment handed over late is one a client may already hold.
                 reconnect_backoff_min_ms: 10,
                 reconnect_backoff_max_ms: 100,
+                tls: self.config.peer_tls.clone(),
                 ..sluice_transport::ClientConfig::default()
             })
         })

@@ -15,7 +15,7 @@ pub enum ErrorCode {
     UnknownMessageType = 3,
     /// The handshake's magic or version is not one the responder speaks. Fatal.
     UnsupportedVersion = 4,
-    /// The application secret is missing or wrong. Fatal.
+    /// The handshake's credential proof is missing or wrong. Fatal.
     AuthFailed = 5,
     /// A batch's CRC32C does not match its payload (corrupted in flight: retriable).
     ChecksumMismatch = 6,
@@ -51,11 +51,14 @@ pub enum ErrorCode {
     Timeout = 20,
     /// A well-formed frame out of place (a second handshake, a response sent as a request). Fatal.
     ProtocolViolation = 21,
+    /// The connection is authenticated for another application than the one the request names
+    /// (or a cluster-only request on an application's connection). Answers that request only.
+    Unauthorized = 22,
 }
 
 impl ErrorCode {
     /// Every code, in number order.
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 22] = [
         Self::MalformedFrame,
         Self::FrameTooLarge,
         Self::UnknownMessageType,
@@ -77,6 +80,7 @@ impl ErrorCode {
         Self::DataLost,
         Self::Timeout,
         Self::ProtocolViolation,
+        Self::Unauthorized,
     ];
 
     /// The code's number on the wire.
@@ -113,6 +117,7 @@ impl ErrorCode {
             Self::DataLost => "DATA_LOST",
             Self::Timeout => "TIMEOUT",
             Self::ProtocolViolation => "PROTOCOL_VIOLATION",
+            Self::Unauthorized => "UNAUTHORIZED",
         }
     }
 
@@ -206,6 +211,6 @@ mod tests {
             assert_eq!(ErrorCode::from_u16(c.as_u16()), Some(*c));
         }
         assert_eq!(ErrorCode::from_u16(0), None);
-        assert_eq!(ErrorCode::from_u16(22), None);
+        assert_eq!(ErrorCode::from_u16(23), None);
     }
 }

@@ -37,10 +37,29 @@ wire_struct! {
         pub features: u64,
         /// The client's proposed `max_frame_bytes`.
         pub max_frame_bytes: u32,
-        /// Application the connection works for; empty when none.
+        /// Application the connection works for; empty for the cluster's own peers (servers,
+        /// coordinators, operators' tools).
         pub app_id: String,
-        /// Application secret when auth is on; empty when none.
-        pub secret: String,
+        /// Random text the client chose for this connection; mixed into the credential proof
+        /// ([`AuthProof`]) when the responder asks for one. May be empty.
+        pub client_nonce: String,
+    }
+}
+wire_struct! {
+    /// The responder's answer to a [`Handshake`] when authentication is on: prove you hold the
+    /// credential of the handshake's `app_id` (of the cluster when it is empty).
+    pub struct AuthChallenge {
+        /// Fresh random text, never sent twice: a recorded proof is useless on another
+        /// connection.
+        pub server_nonce: String,
+    }
+}
+wire_struct! {
+    /// The client's answer to an [`AuthChallenge`]; answered by `HandshakeOk` or `AUTH_FAILED`.
+    pub struct AuthProof {
+        /// Lower-case hex HMAC-SHA256 keyed with the credential over the app id and both
+        /// nonces (`docs/security.md`).
+        pub proof: String,
     }
 }
 wire_struct! {
@@ -152,8 +171,6 @@ wire_struct! {
     pub struct RegisterApp {
         /// The application's id, the namespace of its shuffles.
         pub app_id: String,
-        /// Its secret when auth is on; empty when none.
-        pub secret: String,
     }
 }
 wire_struct! {
@@ -513,6 +530,8 @@ messages! {
     4 => Ping(Ping) body=false,
     5 => Pong(Pong) body=false,
     6 => Ok(OkMsg) body=false,
+    7 => AuthChallenge(AuthChallenge) body=false,
+    8 => AuthProof(AuthProof) body=false,
     10 => RegisterServer(RegisterServer) body=false,
     11 => ServerHeartbeat(ServerHeartbeat) body=false,
     12 => RegisterApp(RegisterApp) body=false,
@@ -644,6 +663,38 @@ impl Message {
         Ok(())
     }
 
+    /// The application a request acts for, when it names one: the key of the authorization
+    /// check (`docs/security.md`). Streams are named by id; the server checks their owner.
+    pub fn app_id(&self) -> Option<&str> {
+        let id = match self {
+            Message::RegisterApp(m) => &m.app_id,
+            Message::AppHeartbeat(m) => &m.app_id,
+            Message::UnregisterApp(m) => &m.app_id,
+            Message::RegisterShuffle(m) => &m.app_id,
+            Message::GetAssignment(m) => &m.app_id,
+            Message::CommitShuffle(m) => &m.app_id,
+            Message::UnregisterShuffle(m) => &m.app_id,
+            Message::Push(m) => &m.app_id,
+            Message::PushMerged(m) => &m.app_id,
+            Message::MapperEnd(m) => &m.app_id,
+            Message::OpenStream(m) => &m.app_id,
+            _ => return None,
+        };
+        Some(id)
+    }
+
+    /// Whether only the cluster's own peers may send this request (a server reporting to a
+    /// coordinator, a coordinator passing assignments to another), never an application.
+    pub fn is_cluster_only(&self) -> bool {
+        matches!(
+            self,
+            Message::RegisterServer(_)
+                | Message::ServerHeartbeat(_)
+                | Message::ServerStatus(_)
+                | Message::ShuffleSync(_)
+        )
+    }
+
     /// An `Error` message for a wire code.
     pub fn error(code: ErrorCode, message: impl Into<String>) -> Message {
         Message::Error(ErrorMsg {
@@ -741,6 +792,6 @@ mod tests {
             assert!(seen.insert(*t as u8));
             assert_eq!(MsgType::from_u8(*t as u8), Some(*t));
         }
-        assert_eq!(seen.len(), 31);
+        assert_eq!(seen.len(), 33);
     }
 }

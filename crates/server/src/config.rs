@@ -74,6 +74,9 @@ pub struct ServerConfig {
     pub coordinators: Vec<String>,
     /// Interval between heartbeats to each coordinator, in milliseconds.
     pub heartbeat_interval_ms: u64,
+    /// TLS to the coordinators (`[coordinator_tls]`: `ca_file`, and `cert_file`/`key_file` when
+    /// they require client certificates); `None`: plain TCP.
+    pub coordinator_tls: Option<sluice_transport::TlsClientConfig>,
     /// Network transport settings (frame limit, watermarks, zero copy, auth).
     pub transport: sluice_transport::ServerConfig,
     /// Bearer token the admin API's write endpoints (drain) require; `None`: they are open.
@@ -105,6 +108,7 @@ impl Default for ServerConfig {
             durable_commit: true,
             flush_writeback: true,
             coordinators: Vec::new(),
+            coordinator_tls: None,
             heartbeat_interval_ms: 1_000,
             transport: sluice_transport::ServerConfig::default(),
             admin_token: None,

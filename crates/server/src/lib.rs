@@ -94,9 +94,34 @@ impl Handler for ServerHandler {
         conn: &Arc<ConnInfo>,
         req: Request<Self::Permit>,
     ) -> impl Future<Output = Response> + Send + 'static {
+        // Streams are named by id alone, so the transport's check of the named application
+        // (`PeerIdentity::authorize`) cannot see whose they are: their owner is checked here.
+        let stream = match &req.message {
+            Message::FetchChunk(f) => Some(f.stream_id),
+            Message::CloseStream(c) => Some(c.stream_id),
+            _ => None,
+        };
+        let refused = stream.and_then(|id| {
+            let owner = self.state.stream_app(id)?;
+            (!conn.identity.may_act_for(&owner)).then(|| {
+                tracing::warn!(identity = %conn.identity, stream = id, "stream of another application refused");
+                Response::error(
+                    ErrorCode::Unauthorized,
+                    format!("stream {id} belongs to another application than {}", conn.identity),
+                )
+            })
+        });
         // The permit is what `admit` made: the reservation (it moves into the partition buffers)
         // and the shuffle.
-        self.state.clone().dispatch(req.message, req.body, req.permit, conn.max_frame_bytes)
+        let state = self.state.clone();
+        let (message, body, permit, max_frame) =
+            (req.message, req.body, req.permit, conn.max_frame_bytes);
+        async move {
+            match refused {
+                Some(r) => r,
+                None => state.dispatch(message, body, permit, max_frame).await,
+            }
+        }
     }
 }
 
@@ -194,6 +219,13 @@ impl Server {
             ("sluice_server_draining", u64::from(state.is_draining())),
             ("sluice_server_memory_paused", u64::from(state.budget.is_paused())),
             ("sluice_server_connections_open", t.connections_open),
+            ("sluice_server_requests_unauthorized_total", t.requests_unauthorized),
+            ("sluice_server_handshakes_failed_total", t.handshakes_failed),
+            ("sluice_server_tls_connections_user_space_total", t.tls_connections_user_space),
+            ("sluice_server_tls_handshakes_failed_total", t.tls_handshakes_failed),
+            ("sluice_server_tls_bytes_total", t.tls_bytes),
+            ("sluice_server_tls_file_bytes_total", t.tls_file_bytes),
+            ("sluice_server_ktls_available", u64::from(sluice_transport::ktls_available())),
             ("sluice_server_shuffles_held", state.shuffles_held() as u64),
             ("sluice_server_partitions_held", u64::from(state.partitions_held())),
         ]);
@@ -286,10 +318,11 @@ async fn heartbeat_loop(
     me: Identity,
 ) {
     let Identity { server_id, host, port } = me;
-    // Coordinators with authentication on take the same shared secret as the servers.
+    // Servers prove the cluster key to coordinators (no app id: the cluster's identity).
     let secret = state.config().transport.secret.clone().unwrap_or_default();
+    let tls = state.config().coordinator_tls.clone();
     let pool =
-        Pool::new(ClientConfig { connections_per_peer: 1, secret, ..ClientConfig::default() });
+        Pool::new(ClientConfig { connections_per_peer: 1, secret, tls, ..ClientConfig::default() });
     let mut registered = false;
     // Whether this coordinator takes `ServerStatus` (one that predates it refuses it).
     let mut takes_status = true;

@@ -490,6 +490,11 @@ impl ServerState {
         })
     }
 
+    /// The application whose data open stream `id` reads (`None`: no such stream).
+    pub(crate) fn stream_app(&self, id: u64) -> Option<String> {
+        self.streams.app_of(id)
+    }
+
     /// Drops streams that went idle or whose shuffle was deleted.
     pub(crate) fn expire_streams(&self) {
         self.streams.expire(Instant::now(), STREAM_IDLE);

@@ -34,6 +34,10 @@ pub struct AdminArgs {
     /// Seconds each request may take.
     #[arg(long, default_value_t = 10, global = true)]
     request_timeout_secs: u64,
+    /// HTTPS: the CA (PEM) of the endpoints' certificates, for processes running
+    /// `[transport.tls]` (their admin endpoint serves HTTPS then).
+    #[arg(long, env = "SLUICE_ADMIN_TLS_CA_FILE", global = true)]
+    tls_ca_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: AdminCommand,
 }
@@ -121,7 +125,11 @@ fn coordinator(args: &AdminArgs) -> Result<AdminClient, Failure> {
 
 fn client(args: &AdminArgs, addr: &str) -> AdminClient {
     let timeout = Duration::from_secs(args.request_timeout_secs.max(1));
-    AdminClient::new(addr, args.token.clone(), timeout)
+    let c = AdminClient::new(addr, args.token.clone(), timeout);
+    match &args.tls_ca_file {
+        Some(ca) => c.with_tls_ca(ca.clone()),
+        None => c,
+    }
 }
 
 /// Prints `value` as JSON, or `table` for people.

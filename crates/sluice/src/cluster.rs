@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use sluice_testkit::{proc_status_kib, Launcher, Proc, ServerSpec};
+use sluice_testkit::{proc_status_kib, Launcher, Proc, ServerSpec, TestPki};
 
 /// CPU seconds (user + system) a process has used, from /proc/<pid>/stat.
 pub fn cpu_seconds(pid: u32) -> f64 {
@@ -41,12 +41,16 @@ pub struct ClusterSpec {
     /// `admin_token` of the coordinator and every server (`None`: their write endpoints are
     /// open).
     pub admin_token: Option<String>,
+    /// TLS on every listener, with certificates of a throw-away CA made for this cluster.
+    pub tls: bool,
 }
 
 /// A running cluster.
 pub struct Cluster {
     pub coordinator: Proc,
     pub servers: Vec<Proc>,
+    /// The throw-away CA's certificate when the cluster runs TLS.
+    pub tls_ca: Option<PathBuf>,
     /// Holds the data directories; dropped after the children.
     _launcher: Launcher,
 }
@@ -57,12 +61,33 @@ impl Cluster {
         let launcher = Launcher::new(exe, "sluice-", spec.data_root.as_deref())?;
         let token_set: Vec<String> =
             spec.admin_token.iter().map(|t| format!("admin_token={t}")).collect();
-        let coordinator = launcher.coordinator_with_admin(
-            &token_set.iter().flat_map(|s| ["--set".to_owned(), s.clone()]).collect::<Vec<_>>(),
+        let (tls_ca, tls_sets) = match spec.tls {
+            false => (None, Vec::new()),
+            true => {
+                let pki = TestPki::new(launcher.path(), "sluice-local")?;
+                let (cert, key) = pki.issue("loopback", &["127.0.0.1", "localhost"], false)?;
+                let sets = vec![
+                    format!("transport.tls.cert_file=\"{}\"", cert.display()),
+                    format!("transport.tls.key_file=\"{}\"", key.display()),
+                ];
+                (Some(pki.ca_file()), sets)
+            }
+        };
+        let coordinator_sets: Vec<String> = token_set.iter().chain(&tls_sets).cloned().collect();
+        let mut coordinator = launcher.coordinator_with_admin(
+            &coordinator_sets
+                .iter()
+                .flat_map(|s| ["--set".to_owned(), s.clone()])
+                .collect::<Vec<_>>(),
         )?;
+        coordinator.tls_ca = tls_ca.clone();
         let mut servers = Vec::new();
         for i in 0..spec.servers {
             let mut sets = token_set.clone();
+            sets.extend(tls_sets.iter().cloned());
+            if let Some(ca) = &tls_ca {
+                sets.push(format!("coordinator_tls.ca_file=\"{}\"", ca.display()));
+            }
             sets.extend(spec.server_sets.get(i).cloned().unwrap_or_default());
             let server = ServerSpec {
                 data_dirs: vec![launcher.path().join(format!("server-{i}"))],
@@ -72,14 +97,25 @@ impl Cluster {
                 sets,
                 listen: None,
             };
-            servers.push(launcher.server(&server)?);
+            let mut server = launcher.server(&server)?;
+            server.tls_ca = tls_ca.clone();
+            servers.push(server);
         }
-        Ok(Cluster { coordinator, servers, _launcher: launcher })
+        Ok(Cluster { coordinator, servers, tls_ca, _launcher: launcher })
+    }
+
+    /// Client transport settings for this cluster: TLS trusting its CA when it runs TLS.
+    pub fn client_transport(&self) -> sluice_transport::ClientConfig {
+        let tls = self.tls_ca.as_ref().map(|ca| sluice_transport::TlsClientConfig {
+            ca_file: ca.clone(),
+            ..Default::default()
+        });
+        sluice_transport::ClientConfig { tls, ..Default::default() }
     }
 
     /// Waits until the coordinator assigns over all servers (they have heartbeated).
     pub async fn wait_ready(&self) -> anyhow::Result<()> {
-        let transport = sluice_transport::ClientConfig::default();
+        let transport = self.client_transport();
         let limit = Duration::from_secs(20);
         sluice_testkit::wait_registered(
             self.coordinator.addr,

@@ -71,6 +71,10 @@ pub struct LocalArgs {
     /// unregister) then need it.
     #[arg(long)]
     pub admin_token: Option<String>,
+    /// TLS on every listener of the cluster, with certificates of a throw-away CA made for it
+    /// (rcgen; kept in the cluster's temporary directory): the job's connections are encrypted.
+    #[arg(long)]
+    pub tls: bool,
 }
 
 /// Parses `123`, `64K`, `256M`, `2G` (binary units).
@@ -107,6 +111,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
         data_root: args.data_root.clone(),
         server_sets: Vec::new(),
         admin_token: args.admin_token.clone(),
+        tls: args.tls,
     })?;
     if args.keep {
         cluster.wait_ready().await?;
@@ -119,6 +124,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
     let app_id = format!("local-{}", std::process::id());
     let mut opts = ClientOptions {
         coordinators: vec![cluster.coordinator.addr.to_string()],
+        transport: cluster.client_transport(),
         ..ClientOptions::default()
     };
     if let Some(n) = args.batch_bytes {
@@ -221,6 +227,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
     let busy = server_sum("sluice_server_busy_replies_total");
     let held = server_sum("sluice_server_pushes_held_total");
     let sendfile_bytes = server_sum("sluice_server_sendfile_bytes_total");
+    let tls_file_bytes = server_sum("sluice_server_tls_file_bytes_total");
     let sendfile_calls = server_sum("sluice_server_sendfile_calls_total");
     let records: u64 =
         expect.count.iter().map(|c| c.load(std::sync::atomic::Ordering::Relaxed)).sum();
@@ -250,6 +257,8 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
         "busy_replies": busy,
         "pushes_held": held,
         "sendfile_bytes": sendfile_bytes,
+        "tls": args.tls,
+        "tls_file_bytes": tls_file_bytes,
         "sendfile_calls": sendfile_calls,
         "memory_budget_bytes": args.memory_budget,
         "servers": args.servers,
@@ -352,6 +361,7 @@ fn print_addresses(cluster: &Cluster, json: bool) {
 pub async fn client_for(cluster: &Cluster, app: &str) -> anyhow::Result<ShuffleClient> {
     let opts = ClientOptions {
         coordinators: vec![cluster.coordinator.addr.to_string()],
+        transport: cluster.client_transport(),
         ..ClientOptions::default()
     };
     let client = ShuffleClient::new(app, opts);

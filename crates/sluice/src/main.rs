@@ -62,6 +62,53 @@ struct Cli {
     command: Command,
 }
 
+/// `sluice credential`: the key comes from the environment, never from the command line (which
+/// other users of the machine can read in /proc).
+#[derive(clap::Args)]
+struct CredentialArgs {
+    /// The application id the credential is for.
+    #[arg(long)]
+    app_id: String,
+}
+
+/// Reads the cluster key from `SLUICE_CLUSTER_KEY` and prints the credential of `--app-id`.
+fn credential(args: CredentialArgs) -> anyhow::Result<()> {
+    let key = std::env::var("SLUICE_CLUSTER_KEY").map_err(|_| {
+        anyhow::anyhow!("set SLUICE_CLUSTER_KEY to the cluster key (transport.secret)")
+    })?;
+    anyhow::ensure!(
+        key.chars().count() >= sluice_transport::CLUSTER_KEY_MIN_CHARS,
+        "SLUICE_CLUSTER_KEY is shorter than {} characters",
+        sluice_transport::CLUSTER_KEY_MIN_CHARS
+    );
+    anyhow::ensure!(!args.app_id.is_empty(), "--app-id is empty (the cluster's own identity)");
+    println!("{}", sluice_transport::app_credential(&key, &args.app_id));
+    Ok(())
+}
+
+/// `sluice dev-certs`.
+#[derive(clap::Args)]
+struct DevCertsArgs {
+    /// Directory to write the PEM files to (created if missing).
+    #[arg(long)]
+    dir: std::path::PathBuf,
+    /// Names (IP addresses or DNS names) the server certificate is for.
+    #[arg(long, value_delimiter = ',', default_value = "127.0.0.1,localhost")]
+    names: Vec<String>,
+}
+
+fn dev_certs(args: DevCertsArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.dir)?;
+    let pki = sluice_testkit::TestPki::new(&args.dir, "sluice")?;
+    let names: Vec<&str> = args.names.iter().map(String::as_str).collect();
+    let (cert, key) = pki.issue("sluice", &names, false)?;
+    let (client, client_key) = pki.issue("client", &["sluice-client"], false)?;
+    for f in [pki.ca_file(), cert, key, client, client_key] {
+        println!("{}", f.display());
+    }
+    Ok(())
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run a shuffle server.
@@ -73,6 +120,13 @@ enum Command {
     /// Operate a running cluster through a coordinator's admin API (servers, apps, shuffles,
     /// drain, undrain, unregister, a server's status).
     Admin(admin::AdminArgs),
+    /// Print an application's credential (HMAC of the cluster key and the app id), for the
+    /// launcher that starts the application (docs/security.md).
+    Credential(CredentialArgs),
+    /// Write a throw-away CA and a certificate it signs (PEM) for loopback demos and tests:
+    /// DIR/sluice-ca.pem, DIR/sluice.pem, DIR/sluice-key.pem, DIR/client.pem, DIR/client-key.pem.
+    /// Never for production: the CA's key is not kept.
+    DevCerts(DevCertsArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -101,6 +155,8 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Admin(args) => std::process::exit(rt()?.block_on(admin::run(args))),
+        Command::Credential(args) => credential(args),
+        Command::DevCerts(args) => dev_certs(args),
         Command::Bench { bench } => bench::run(bench),
     }
 }

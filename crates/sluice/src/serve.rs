@@ -87,12 +87,17 @@ pub async fn shutdown_signal() {
 }
 
 /// Binds the admin endpoint on `listen` and serves `router` on it in the background (for the
-/// process's life). Prints `metrics on ADDR`, which scripts and the tests read.
-async fn serve_admin(listen: &str, router: axum::Router) -> anyhow::Result<()> {
+/// process's life), over TLS with the process's certificate when `tls` is set. Prints
+/// `metrics on ADDR`, which scripts and the tests read.
+async fn serve_admin(
+    listen: &str,
+    router: axum::Router,
+    tls: Option<sluice_transport::TlsServerConfig>,
+) -> anyhow::Result<()> {
     let l = TcpListener::bind(listen).await.with_context(|| format!("binding metrics {listen}"))?;
     println!("metrics on {}", l.local_addr()?);
     tokio::spawn(async move {
-        if let Err(e) = sluice_admin::serve(l, router, std::future::pending()).await {
+        if let Err(e) = sluice_admin::serve(l, router, tls, std::future::pending()).await {
             tracing::error!(error = %e, "admin endpoint stopped");
         }
     });
@@ -126,7 +131,8 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     let listener = bind(&listen).await?;
     if let Some(m) = &args.common.metrics_listen {
         let token = server.state().config().admin_token.clone();
-        serve_admin(m, sluice_admin::server_router(server.handle(), token)).await?;
+        let tls = server.state().config().transport.tls.clone();
+        serve_admin(m, sluice_admin::server_router(server.handle(), token), tls).await?;
     }
     let state = server.state().clone();
     server.serve(listener, server_stop(state)).await?;
@@ -238,7 +244,8 @@ pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<()> {
     let coord = sluice_coordinator::Coordinator::new(config).map_err(anyhow::Error::msg)?;
     if let Some(m) = &args.common.metrics_listen {
         let token = coord.config().admin_token.clone();
-        serve_admin(m, sluice_admin::coordinator_router(coord.clone(), token)).await?;
+        let tls = coord.config().transport.tls.clone();
+        serve_admin(m, sluice_admin::coordinator_router(coord.clone(), token), tls).await?;
     }
     coord.serve(listener, shutdown_signal()).await?;
     Ok(())

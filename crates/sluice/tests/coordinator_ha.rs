@@ -83,9 +83,11 @@ async fn any_coordinator_answers_and_a_killed_one_costs_the_job_nothing() {
         }
         assert_eq!(n, 600);
 
-        // A new shuffle: the client moves on to B, which assigns it over both servers.
+        // A new shuffle: the client moves on to B, which assigns it (over the servers it scores
+        // best: both, or the less loaded one).
         let s2 = client.register_shuffle(2, 1, 4, 1).await.expect("B takes the registration");
-        assert_eq!(s2.servers.len(), servers.len());
+        let live: Vec<u16> = servers.iter().map(|s| s.addr.port()).collect();
+        assert!(!s2.servers.is_empty() && s2.servers.iter().all(|s| live.contains(&s.port)));
 
         // A comes back and learns from B what was assigned while it was down.
         let _a = coordinator(&scratch, "coord-a2", pa, pb);

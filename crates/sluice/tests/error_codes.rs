@@ -40,7 +40,7 @@ async fn request_errors_leave_the_connection_open() {
         let scratch = Scratch::new();
         let server = scratch.server(&ServerSpec::default());
         let c = raw(server.addr).await;
-        call(&c, RegisterApp { app_id: APP.into(), secret: String::new() }).await.unwrap();
+        call(&c, RegisterApp { app_id: APP.into() }).await.unwrap();
         for shuffle in [1, 2] {
             let reg = RegisterShuffle {
                 app_id: APP.into(),
@@ -150,7 +150,7 @@ async fn handshaken(addr: SocketAddr) -> TcpStream {
         features: FEATURE_CRC32C,
         max_frame_bytes: 1 << 20,
         app_id: APP.into(),
-        secret: String::new(),
+        client_nonce: String::new(),
     };
     s.write_all(&encode_frame(1, &hs.into(), &[])).await.unwrap();
     match read_frame(&mut s).await {
@@ -222,7 +222,7 @@ async fn malformed_frames_close_only_their_connection() {
         let scratch = Scratch::new();
         let server = scratch.server(&ServerSpec::default());
         let c = raw(server.addr).await;
-        call(&c, RegisterApp { app_id: APP.into(), secret: String::new() }).await.unwrap();
+        call(&c, RegisterApp { app_id: APP.into() }).await.unwrap();
         let reg = RegisterShuffle {
             app_id: APP.into(),
             shuffle_id: 1,

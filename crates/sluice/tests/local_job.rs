@@ -75,3 +75,21 @@ fn local_job_one_server_verifies() {
         files_under(scratch.path())
     );
 }
+
+/// `sluice local --tls`: a throw-away CA, every listener on TLS; the job verifies, and every
+/// chunk went out encrypted in user space (this kernel has no kTLS), none with `sendfile`.
+#[test]
+fn local_job_with_tls_verifies() {
+    let scratch = Scratch::new();
+    let s = run_local(
+        &["--bytes", "32M", "--maps", "6", "--partitions", "8", "--tls"],
+        scratch.path(),
+        Duration::from_secs(90),
+    );
+    assert_eq!(s["verified"], serde_json::Value::Bool(true), "{s}");
+    assert_eq!(s["tls"], serde_json::Value::Bool(true), "{s}");
+    let fetched = s["fetched_bytes"].as_u64().unwrap_or(0);
+    assert!(fetched >= 32 << 20, "{s}");
+    assert_eq!(s["sendfile_bytes"].as_u64(), Some(0), "plain bytes went out: {s}");
+    assert!(s["tls_file_bytes"].as_u64().unwrap_or(0) >= fetched, "{s}");
+}

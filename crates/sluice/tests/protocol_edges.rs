@@ -12,21 +12,24 @@ use sluice_proto::{ErrorCode, Message};
 use utils::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_shared_secret_is_enforced() {
-    bounded("the_shared_secret_is_enforced", 30, async {
+async fn the_application_credential_is_enforced() {
+    bounded("the_application_credential_is_enforced", 30, async {
+        const KEY: &str = "s3cret-cluster-key";
         let scratch = Scratch::new();
         let server = scratch.server(&ServerSpec {
-            sets: vec!["transport.secret=\"s3cret\"".into()],
+            sets: vec![format!("transport.secret=\"{KEY}\"")],
             ..Default::default()
         });
         let a = assignment(1, &[server.addr], 2);
-        let anon = client("auth", None);
-        assert_eq!(code(register_direct(&anon, &a, 1).await), ErrorCode::AuthFailed);
         let wrong = client_with("auth", None, |o| o.transport.secret = "guess".into());
         assert_eq!(code(register_direct(&wrong, &a, 1).await), ErrorCode::AuthFailed);
+        // The cluster key is not an application's credential.
+        let key = client_with("auth", None, |o| o.transport.secret = KEY.into());
+        assert_eq!(code(register_direct(&key, &a, 1).await), ErrorCode::AuthFailed);
 
-        let ok = client_with("auth", None, |o| o.transport.secret = "s3cret".into());
-        register_direct(&ok, &a, 1).await.expect("with the secret");
+        let credential = sluice_transport::app_credential(KEY, "auth");
+        let ok = client_with("auth", None, |o| o.transport.secret = credential);
+        register_direct(&ok, &a, 1).await.expect("with the credential");
         let mut w = ok.writer(a.clone(), 0, 0).await.unwrap();
         w.write_record(1, &record(0, 0, 1, 64)).await.unwrap();
         w.finish().await.unwrap();
@@ -44,7 +47,7 @@ async fn missing_batches_are_reported_as_data_lost() {
         let server = scratch.server(&ServerSpec::default());
         let c = raw(server.addr).await;
         let app = "lossy";
-        call(&c, RegisterApp { app_id: app.into(), secret: String::new() }).await.unwrap();
+        call(&c, RegisterApp { app_id: app.into() }).await.unwrap();
         let reg = RegisterShuffle {
             app_id: app.into(),
             shuffle_id: 1,

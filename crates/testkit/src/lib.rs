@@ -3,8 +3,8 @@
 //! Starting and watching `sluice` child processes, for the two places that run a cluster of
 //! them on loopback: the binary's embedded cluster (`sluice local`, `sluice bench push|fetch`)
 //! and the integration tests' harness (`crates/sluice/tests/utils`). It depends on std,
-//! `anyhow`, `tempfile`, tokio's timer and the workspace's `sluice-proto` and `sluice-transport`
-//! only, all of which the binary links already: `sluice local` pays nothing for sharing it.
+//! `anyhow`, `tempfile`, tokio's timer, rcgen (the throw-away CA of `--tls`) and the workspace's
+//! `sluice-proto` and `sluice-transport` only.
 //!
 //! ## Layout
 //! Every module is private; the API is the list of re-exports below.
@@ -15,15 +15,18 @@
 //!   logs, started from a [`ServerSpec`] or as a coordinator.
 //! - `metrics`: [`scrape`] a metrics endpoint, [`metric`] one value of it.
 //! - `ready`: [`wait_registered`] — until the coordinator assigns over every server.
+//! - `pki`: [`TestPki`] — a throw-away CA and the certificates it signs (rcgen), as PEM files.
 
 #![warn(missing_docs)]
 
 mod launcher;
 mod metrics;
+mod pki;
 mod proc;
 mod ready;
 
 pub use launcher::{Launcher, ServerSpec};
-pub use metrics::{metric, scrape};
+pub use metrics::{metric, scrape, scrape_tls};
+pub use pki::TestPki;
 pub use proc::{proc_status_kib, Proc, START_TIMEOUT};
 pub use ready::wait_registered;

@@ -35,6 +35,8 @@ pub struct Proc {
     pub metrics: Option<SocketAddr>,
     /// The file its stderr goes to; `None` when it shares ours.
     log: Option<PathBuf>,
+    /// The CA (PEM) of its certificate when its listeners run TLS: scrapes trust it.
+    pub tls_ca: Option<PathBuf>,
 }
 
 impl Proc {
@@ -83,6 +85,7 @@ impl Proc {
             addr: ([0, 0, 0, 0], 0).into(),
             metrics: None,
             log: log.map(Path::to_owned),
+            tls_ca: None,
         };
         let wants_metrics = args.iter().any(|a| a == "--metrics-listen");
         let deadline = Instant::now() + START_TIMEOUT;
@@ -116,6 +119,11 @@ impl Proc {
     /// Process id.
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// The file its stderr (its log) goes to, when not ours.
+    pub fn log_path(&self) -> Option<&Path> {
+        self.log.as_deref()
     }
 
     /// SIGKILL and reap (idempotent): a crash, as far as the rest of the cluster can tell.
@@ -162,7 +170,7 @@ impl Proc {
         let addr = self.metrics.ok_or_else(|| {
             std::io::Error::new(std::io::ErrorKind::NotFound, "started without --metrics-listen")
         })?;
-        crate::scrape(addr, SCRAPE_TIMEOUT)
+        crate::scrape_tls(addr, SCRAPE_TIMEOUT, self.tls_ca.as_deref())
     }
 
     /// `; log:` and the log, for an error message, when there is a log file.

@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use sluice_proto::message::{Handshake, Pong, FEATURE_CRC32C, MAGIC, PROTOCOL_VERSION};
+use sluice_proto::message::{AuthProof, Handshake, Pong, FEATURE_CRC32C, MAGIC, PROTOCOL_VERSION};
 use sluice_proto::{
     encode_frame, ErrorCode, Message, HANDSHAKE_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES,
 };
-use tokio::io::AsyncWriteExt;
+use tokio::io::AsyncRead;
 use tokio::net::TcpSocket;
 use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
@@ -24,8 +24,10 @@ use crate::codec::FrameReader;
 use crate::config::ClientConfig;
 use crate::error::TransportError;
 use crate::outbound::{millis, OutFrame, Outbound, WriterOptions};
+use crate::secret::{handshake_proof, nonce};
 use crate::socket::configure;
 use crate::stats::TransportStats;
+use crate::stream::{Sink, TlsStream};
 
 /// A response: any message but `Error` (which becomes [`TransportError::Remote`]); `Busy` and
 /// the like are replies too.
@@ -164,19 +166,67 @@ impl Connection {
         let stream = socket.connect(addr).await.map_err(connect_err)?;
         configure(&stream, cfg.tcp_nodelay, None, None)?;
         let idle = millis(cfg.idle_timeout_ms);
-        let (rd, mut wr) = stream.into_split();
+        let (rd, mut wr): (Box<dyn AsyncRead + Send + Unpin>, Sink) = match &cfg.tls {
+            None => {
+                let (rd, wr) = stream.into_split();
+                (Box::new(rd), Sink::Plain(wr))
+            }
+            Some(tls) => {
+                let connector = tokio_rustls::TlsConnector::from(tls.load()?);
+                let name = tls.server_name(addr)?;
+                let limit = Duration::from_millis(cfg.connect_timeout_ms);
+                let s = match tokio::time::timeout(limit, connector.connect(name, stream)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        return Err(TransportError::Closed(format!(
+                            "TLS handshake with {addr} failed: {e}"
+                        )))
+                    }
+                    Err(_) => {
+                        return Err(TransportError::Timeout {
+                            what: "TLS handshake",
+                            after_ms: cfg.connect_timeout_ms,
+                        })
+                    }
+                };
+                let (rd, wr) = tokio::io::split(TlsStream::Client(s));
+                (Box::new(rd), Sink::Tls(wr))
+            }
+        };
 
+        let client_nonce = nonce();
         let hs = Handshake {
             magic: MAGIC,
             version: PROTOCOL_VERSION,
             features: FEATURE_CRC32C,
             max_frame_bytes: cfg.max_frame_bytes,
             app_id: cfg.app_id.clone(),
-            secret: cfg.secret.clone(),
+            client_nonce: client_nonce.clone(),
         };
-        wr.write_all(&encode_frame(0, &Message::Handshake(hs), &[])).await?;
+        wr.write_all_flush(&encode_frame(0, &Message::Handshake(hs), &[])).await?;
         let mut reader = FrameReader::new(rd, HANDSHAKE_MAX_FRAME_BYTES, idle);
-        let max_frame_bytes = match reader.read_head().await? {
+        let mut reply = match reader.read_head().await {
+            Err(TransportError::Proto(_)) if reader.front_looks_like_tls() => {
+                return Err(TransportError::Config(format!(
+                    "{addr} answered with TLS: set the client's tls settings (transport.tls)"
+                )))
+            }
+            r => r?,
+        };
+        if let Some((_, Message::AuthChallenge(c))) = &reply {
+            // The server has authentication on: prove the credential without sending it.
+            if cfg.secret.is_empty() {
+                return Err(TransportError::Config(format!(
+                    "{addr} requires authentication and no credential is configured \
+                     (transport.secret)"
+                )));
+            }
+            let proof = handshake_proof(&cfg.secret, &cfg.app_id, &c.server_nonce, &client_nonce);
+            let frame = encode_frame(1, &Message::AuthProof(AuthProof { proof }), &[]);
+            wr.write_all_flush(&frame).await?;
+            reply = reader.read_head().await?;
+        }
+        let max_frame_bytes = match reply {
             Some((_, Message::HandshakeOk(ok))) => {
                 if !(MIN_MAX_FRAME_BYTES..=cfg.max_frame_bytes).contains(&ok.max_frame_bytes) {
                     return Err(TransportError::Violation(format!(

@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use sluice_proto::{Header, Message, HEADER_LEN};
-use tokio::io::AsyncReadExt;
-use tokio::net::tcp::OwnedReadHalf;
+use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::body_pool::BodyPool;
 use crate::error::TransportError;
@@ -19,7 +18,9 @@ const DISCARD_CHUNK: usize = 256 << 10;
 
 /// Reads frames from one connection.
 pub struct FrameReader {
-    rd: OwnedReadHalf,
+    /// The read half: a plain socket's, or a TLS stream's (which decrypts). Boxed: one virtual
+    /// call per read of up to 64 KiB is nothing, and one reader type serves both.
+    rd: Box<dyn AsyncRead + Send + Unpin>,
     /// Bytes read but not yet consumed: at most one frame head plus whatever followed it.
     buf: BytesMut,
     /// Frames longer than this are refused (`FRAME_TOO_LARGE`).
@@ -34,9 +35,13 @@ pub struct FrameReader {
 
 impl FrameReader {
     /// A reader over `rd` accepting frames up to `max_frame_bytes`.
-    pub fn new(rd: OwnedReadHalf, max_frame_bytes: u32, idle_timeout: Option<Duration>) -> Self {
+    pub fn new(
+        rd: impl AsyncRead + Send + Unpin + 'static,
+        max_frame_bytes: u32,
+        idle_timeout: Option<Duration>,
+    ) -> Self {
         FrameReader {
-            rd,
+            rd: Box::new(rd),
             buf: BytesMut::with_capacity(READ_CHUNK),
             max_frame_bytes,
             idle_timeout,
@@ -84,6 +89,12 @@ impl FrameReader {
             Some(b) => u32::from_be_bytes([b[0], b[1], b[2], b[3]]),
             None => 0,
         }
+    }
+
+    /// Whether the bytes at the front look like a TLS record (an alert or a handshake): what a
+    /// plain-text client reads from a TLS port.
+    pub fn front_looks_like_tls(&self) -> bool {
+        matches!(self.buf.first(), Some(0x15 | 0x16)) && self.buf.get(1) == Some(&0x03)
     }
 
     /// Reads exactly `len` body bytes into a buffer of its own (never a view into a larger read

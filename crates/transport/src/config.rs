@@ -42,8 +42,12 @@ pub struct ServerConfig {
     /// thread): a bound on the disk reads in flight, which a spinning disk wants small. 0: only
     /// tokio's blocking pool (512 threads) bounds them.
     pub max_cold_reads: usize,
-    /// Shared secret a client's handshake must carry; `None` turns authentication off.
+    /// The cluster key (at least 16 characters): a client must prove it (the cluster's own
+    /// peers) or the credential derived from it for the application it names
+    /// (`docs/security.md`). `None` turns authentication off.
     pub secret: Option<String>,
+    /// TLS on this listener (`[transport.tls]`); `None`: plain TCP.
+    pub tls: Option<crate::tls::TlsServerConfig>,
     /// Set `TCP_NODELAY` on accepted sockets.
     pub tcp_nodelay: bool,
     /// `SO_SNDBUF` for accepted sockets (bytes); `None` keeps the kernel's autotuning.
@@ -76,6 +80,7 @@ impl Default for ServerConfig {
             cold_regions_on_blocking_pool: true,
             max_cold_reads: 16,
             secret: None,
+            tls: None,
             tcp_nodelay: true,
             send_buffer_bytes: None,
             recv_buffer_bytes: None,
@@ -94,6 +99,18 @@ impl ServerConfig {
         let bad = |m: String| Err(TransportError::Config(m));
         if self.max_connections == 0 {
             return bad("max_connections must be at least 1".into());
+        }
+        if let Some(tls) = &self.tls {
+            tls.validate()?;
+        }
+        if let Some(key) = &self.secret {
+            let n = key.chars().count();
+            if n < crate::secret::CLUSTER_KEY_MIN_CHARS {
+                return bad(format!(
+                    "secret (the cluster key): {n} characters, need at least {}",
+                    crate::secret::CLUSTER_KEY_MIN_CHARS
+                ));
+            }
         }
         check_frame_bytes(self.max_frame_bytes)?;
         check_watermarks(self.outbound_high_watermark_bytes, self.outbound_low_watermark_bytes)?;
@@ -140,8 +157,12 @@ pub struct ClientConfig {
     pub reconnect_backoff_max_ms: u64,
     /// Application id sent in the handshake ("" for none).
     pub app_id: String,
-    /// Application secret sent in the handshake ("" for none).
+    /// The credential this client proves in the handshake when the peer asks: the cluster key
+    /// for the cluster's own peers (`app_id` empty), else the application's credential
+    /// ([`crate::app_credential`]). Never sent itself. "" for none.
     pub secret: String,
+    /// TLS to the servers (`None`: plain TCP).
+    pub tls: Option<crate::tls::TlsClientConfig>,
     /// Most frames coalesced into one `writev`; 1 turns batching off.
     pub max_frames_per_write: usize,
     /// Most bytes gathered into one `writev` before it is issued.
@@ -167,6 +188,7 @@ impl Default for ClientConfig {
             reconnect_backoff_max_ms: 10_000,
             app_id: String::new(),
             secret: String::new(),
+            tls: None,
             max_frames_per_write: IOV_MAX / 2,
             max_bytes_per_write: 1 << 20,
             idle_timeout_ms: 120_000,

@@ -17,7 +17,11 @@
 //! - `client`: [`Connection`] — request ids, pending table, timeouts.
 //! - `pool`: [`Pool`] — N connections per peer, reconnect with backoff.
 //! - `stats`: [`TransportStats`] counters.
-//! - `secret`: [`constant_time_eq`] and the rules for the admin API's token.
+//! - `secret`: [`constant_time_eq`], per-application credentials ([`app_credential`]) and the
+//!   handshake's proof, and the rules for the admin API's token.
+//! - `tls`: [`TlsServerConfig`] / [`TlsClientConfig`] (rustls, PEM files, reload on change or
+//!   `SIGHUP`, optional mTLS) and which path encrypts (kTLS or user space).
+//! - `stream`: [`Sink`], a connection's write half, plain (`writev`, `sendfile`) or TLS.
 //! - `sys`: the raw `sendfile` / `posix_fadvise` / `pread` calls; `socket`: socket options.
 
 #![warn(missing_docs)]
@@ -34,7 +38,9 @@ mod secret;
 mod server;
 mod socket;
 mod stats;
+mod stream;
 mod sys;
+mod tls;
 
 pub use body::{Body, FileRegion};
 pub use body_pool::{BodyPool, BodyPoolStats};
@@ -42,9 +48,14 @@ pub use client::{Connection, Reply};
 pub use config::{ClientConfig, ServerConfig};
 pub use error::TransportError;
 pub use pool::Pool;
-pub use secret::{constant_time_eq, validate_admin_token, ADMIN_TOKEN_MIN_CHARS};
-pub use server::{serve, Admission, ConnInfo, Handler, Request, Response};
+pub use secret::{
+    app_credential, constant_time_eq, handshake_proof, validate_admin_token, ADMIN_TOKEN_MIN_CHARS,
+    CLUSTER_KEY_MIN_CHARS,
+};
+pub use server::{serve, Admission, ConnInfo, Handler, PeerIdentity, Request, Response};
 pub use stats::{StatsSnapshot, TransportStats};
+pub use stream::{Sink, TlsStream};
+pub use tls::{ktls_available, TlsClientConfig, TlsListener, TlsServerConfig};
 
 // A connection's two halves on their own, for `sluice bench transport`, which drives the writer
 // and the reader over a bare socket to measure them without a server or client around them.

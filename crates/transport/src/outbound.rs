@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use sluice_proto::{encode_head, ErrorCode, Message, ProtoError};
-use tokio::io::Interest;
+use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -29,6 +29,7 @@ use crate::body::{Body, FileRegion};
 use crate::config::{ClientConfig, ServerConfig, IOV_MAX};
 use crate::error::TransportError;
 use crate::stats::TransportStats;
+use crate::stream::Sink;
 use crate::sys;
 
 /// Bytes a writer moves before it yields to the runtime, so one busy connection cannot starve
@@ -207,7 +208,7 @@ impl Outbound {
     /// which ends with `Ok` after [`Outbound::close`] (or when every `Outbound` is dropped) once
     /// the queue is flushed, or with the error that broke the connection.
     pub fn start(
-        wr: OwnedWriteHalf,
+        wr: impl Into<Sink>,
         opts: WriterOptions,
         stats: Arc<TransportStats>,
     ) -> (Outbound, JoinHandle<Result<(), TransportError>>) {
@@ -215,7 +216,7 @@ impl Outbound {
         let (writable, _) = watch::channel(true);
         let gate = Gate { mem_bytes: 0, file_frames: 0, writable: true, closed: None };
         let shared = Arc::new(Shared { gate: Mutex::new(gate), writable, opts, stats });
-        let writer = Writer::new(wr, shared.clone());
+        let writer = Writer::new(wr.into(), shared.clone());
         let handle = tokio::spawn(writer.run(rx));
         (Outbound { tx, shared }, handle)
     }
@@ -305,7 +306,7 @@ impl Outbound {
 
 /// The writer task's state.
 struct Writer {
-    wr: OwnedWriteHalf,
+    wr: Sink,
     shared: Arc<Shared>,
     queue: VecDeque<OutFrame>,
     /// Cleared for good when `sendfile` turns out to be unavailable on this socket.
@@ -318,8 +319,10 @@ struct Writer {
 }
 
 impl Writer {
-    fn new(wr: OwnedWriteHalf, shared: Arc<Shared>) -> Self {
-        let zero_copy = shared.opts.zero_copy;
+    fn new(wr: Sink, shared: Arc<Shared>) -> Self {
+        // Under TLS in user space the socket must only see ciphertext: file bodies are read and
+        // encrypted, never handed to `sendfile`.
+        let zero_copy = shared.opts.zero_copy && !wr.is_tls();
         Writer {
             wr,
             shared,
@@ -367,9 +370,11 @@ impl Writer {
         loop {
             if !closing {
                 if self.queue.is_empty() {
+                    // TLS keeps records in rustls until flushed: out with them before waiting.
+                    self.flush().await?;
                     match rx.recv().await {
                         Some(Item::Frame(f)) => self.enqueue(f),
-                        Some(Item::Close) | None => return Ok(()),
+                        Some(Item::Close) | None => return self.flush().await,
                     }
                 }
                 while self.queue.len() < self.shared.opts.max_frames_per_write {
@@ -384,7 +389,7 @@ impl Writer {
                 }
             }
             if self.queue.is_empty() {
-                return Ok(());
+                return self.flush().await;
             }
             let front = &self.queue[0];
             let moved = if front.head_done() && front.body.is_file() {
@@ -444,15 +449,22 @@ impl Writer {
                 Body::Empty => {}
             }
         }
-        let n = loop {
-            match self.wr.try_write_vectored(&iov) {
-                Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero).into()),
-                Ok(n) => break n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    wait_writable(&self.wr, &self.shared).await?;
+        let n = match &mut self.wr {
+            Sink::Plain(wr) => loop {
+                match wr.try_write_vectored(&iov) {
+                    Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero).into()),
+                    Ok(n) => break n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        wait_writable(wr, &self.shared).await?;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e.into()),
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e.into()),
+            },
+            Sink::Tls(wr) => {
+                let n = tls_write(&self.shared, wr.write_vectored(&iov)).await?;
+                TransportStats::add(&self.shared.stats.tls_bytes, n as u64);
+                n
             }
         };
         drop(iov);
@@ -496,12 +508,11 @@ impl Writer {
         let f = self.queue.front_mut().expect("front frame");
         let (region, within) = f.body.region_at(f.body_off).expect("front body has bytes left");
         let region = region.clone();
-        let moved = if self.zero_copy {
+        let moved = if let (true, Sink::Plain(wr)) = (self.zero_copy, &self.wr) {
             let mut off = region.offset + within;
             let want = usize::try_from(region.len - within).unwrap_or(usize::MAX);
-            let sock = self.wr.as_ref().as_raw_fd();
-            let res = self
-                .wr
+            let sock = wr.as_ref().as_raw_fd();
+            let res = wr
                 .as_ref()
                 .try_io(Interest::WRITABLE, || sys::sendfile(sock, &region.file, &mut off, want));
             match res {
@@ -512,7 +523,7 @@ impl Writer {
                     n as u64
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    wait_writable(&self.wr, &self.shared).await?;
+                    wait_writable(wr, &self.shared).await?;
                     0
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
@@ -564,7 +575,19 @@ impl Writer {
             self.copy_pos = 0;
             self.copy_end = n;
         }
-        match self.wr.try_write(&self.copy_buf[self.copy_pos..self.copy_end]) {
+        let chunk = &self.copy_buf[self.copy_pos..self.copy_end];
+        let wr = match &mut self.wr {
+            Sink::Plain(wr) => wr,
+            Sink::Tls(wr) => {
+                let n = tls_write(&self.shared, wr.write(chunk)).await?;
+                self.copy_pos += n;
+                let stats = &self.shared.stats;
+                TransportStats::add(&stats.tls_file_bytes, n as u64);
+                TransportStats::add(&stats.tls_bytes, n as u64);
+                return Ok(n as u64);
+            }
+        };
+        match wr.try_write(chunk) {
             Ok(0) => Err(io::Error::from(io::ErrorKind::WriteZero).into()),
             Ok(n) => {
                 self.copy_pos += n;
@@ -572,12 +595,21 @@ impl Writer {
                 Ok(n as u64)
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                wait_writable(&self.wr, &self.shared).await?;
+                wait_writable(wr, &self.shared).await?;
                 Ok(0)
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Pushes what rustls holds out to the socket (a no-op on a plain socket).
+    async fn flush(&mut self) -> Result<(), TransportError> {
+        if let Sink::Tls(wr) = &mut self.wr {
+            let shared = self.shared.clone();
+            tls_write(&shared, async { wr.flush().await.map(|()| 0) }).await?;
+        }
+        Ok(())
     }
 }
 
@@ -586,6 +618,27 @@ impl Writer {
 fn truncated(region: &FileRegion) -> TransportError {
     let file_len = sys::file_len(&region.file).unwrap_or(0);
     TransportError::FileTruncated { offset: region.offset, len: region.len, file_len }
+}
+
+/// A TLS write (or flush), bounded like a plain one by the idle timeout.
+async fn tls_write(
+    shared: &Shared,
+    write: impl std::future::Future<Output = io::Result<usize>>,
+) -> Result<usize, TransportError> {
+    let n = match shared.opts.idle_timeout {
+        None => write.await?,
+        Some(t) => match tokio::time::timeout(t, write).await {
+            Ok(r) => r?,
+            Err(_) => {
+                TransportStats::add(&shared.stats.connections_stalled, 1);
+                return Err(TransportError::Timeout {
+                    what: "peer stalled: write",
+                    after_ms: t.as_millis() as u64,
+                });
+            }
+        },
+    };
+    Ok(n)
 }
 
 /// Waits until the socket is writable; a peer that does not read for the idle timeout is

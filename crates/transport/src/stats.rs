@@ -37,6 +37,16 @@ stats! {
     writev_frames,
     /// File-body bytes sent through the copy path (`pread` + `write`).
     copy_bytes,
+    /// Bytes written through TLS in user space (rustls encrypting them), all kinds.
+    tls_bytes,
+    /// File-body bytes read into a buffer and encrypted in user space because the connection
+    /// is TLS without kTLS (they would have gone out with `sendfile` on a plain connection).
+    tls_file_bytes,
+    /// TLS connections whose bytes rustls encrypts in user space (no kTLS).
+    tls_connections_user_space,
+    /// TLS handshakes that failed (a plain-text client, an untrusted or expired certificate, a
+    /// client without the certificate mTLS asks for).
+    tls_handshakes_failed,
     /// Times `sendfile` was unavailable (EINVAL/ENOSYS/EOPNOTSUPP) and the copy path took over.
     sendfile_fallbacks,
     /// Connections accepted (server) or opened (client).
@@ -45,6 +55,9 @@ stats! {
     connections_open,
     /// Handshakes refused (version, auth, bad first frame).
     handshakes_failed,
+    /// Requests refused with `UNAUTHORIZED`: they named another application than the one the
+    /// connection is authenticated for, or asked a cluster-only thing of an application's.
+    requests_unauthorized,
     /// Frames received.
     frames_received,
     /// Frames closed by a fatal protocol error from the peer.

@@ -4,7 +4,9 @@ mod utils;
 use bytes::BufMut;
 use sluice_proto::message::{Busy, MAGIC, PROTOCOL_VERSION};
 use sluice_proto::{ErrorCode, Message};
-use sluice_transport::{Body, ClientConfig, Connection, ServerConfig, TransportError};
+use sluice_transport::{
+    app_credential, Body, ClientConfig, Connection, ServerConfig, TransportError,
+};
 use utils::*;
 
 fn header(frame_len: u32, msg_type: u8, request_id: u32, fields_len: u32) -> Vec<u8> {
@@ -73,27 +75,45 @@ async fn handshake_version_magic_and_order() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn secret_is_checked() {
-    let cfg = ServerConfig { secret: Some("s3cret".into()), ..Default::default() };
+async fn credentials_are_checked_and_bind_the_connection() {
+    const KEY: &str = "cluster-key-0123456789";
+    let cfg = ServerConfig { secret: Some(KEY.into()), ..Default::default() };
     let server = TestServer::start(TestHandler::default(), cfg).await;
-    let err = Connection::connect(
-        server.addr,
-        &ClientConfig { secret: "wrong".into(), ..client_config() },
-    )
-    .await
-    .err()
-    .expect("refused");
-    assert!(matches!(err, TransportError::Remote { code: ErrorCode::AuthFailed, .. }), "{err:?}");
-    assert!(!err.is_retriable());
-    let ok = Connection::connect(
-        server.addr,
-        &ClientConfig { secret: "s3cret".into(), ..client_config() },
-    )
-    .await
-    .unwrap();
+    let connect = |secret: String| {
+        let c = ClientConfig { secret, ..client_config() };
+        async move { Connection::connect(server.addr, &c).await }
+    };
+    // The cluster key itself is not app-1's credential; nor is another application's.
+    for wrong in [KEY.to_string(), app_credential(KEY, "app-2"), "wrong".into()] {
+        let err = connect(wrong).await.err().expect("refused");
+        assert!(
+            matches!(err, TransportError::Remote { code: ErrorCode::AuthFailed, .. }),
+            "{err:?}"
+        );
+        assert!(!err.is_retriable());
+    }
+    let ok = connect(app_credential(KEY, "app-1")).await.unwrap();
     ok.request(push(1).0, push(1).1).await.unwrap();
+    // The connection is app-1's: a push naming app-2 is refused, and the connection stays.
+    let other = Message::Push(sluice_proto::message::Push {
+        app_id: "app-2".into(),
+        shuffle_id: 1,
+        partition_id: 2,
+    });
+    let err = ok.request(other, push(100).1).await.expect_err("refused");
+    assert!(matches!(err, TransportError::Remote { code: ErrorCode::Unauthorized, .. }), "{err:?}");
+    ok.request(push(1).0, push(1).1).await.unwrap();
+    assert_eq!(server.stats.snapshot().requests_unauthorized, 1);
+    assert_eq!(server.stats.snapshot().handshakes_failed, 3);
     drop(ok);
     server.stop().await;
+}
+
+#[test]
+fn a_short_cluster_key_is_refused() {
+    let cfg = ServerConfig { secret: Some("short".into()), ..Default::default() };
+    let err = cfg.validate().unwrap_err().to_string();
+    assert!(err.contains("5 characters"), "{err}");
 }
 
 /// A rejected body is read and dropped; the reply is the handler's message; the connection

@@ -83,7 +83,7 @@ pub fn cases() -> Vec<Case> {
         features: FEATURE_CRC32C,
         max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
         app_id: app(),
-        secret: "s3cret".into(),
+        client_nonce: "5f1c0a9e7d2b4c68".into(),
     };
     let mut v = vec![
         ok("handshake", 1, hs.clone().into(), &[], false),
@@ -98,6 +98,33 @@ pub fn cases() -> Vec<Case> {
             "error",
             9,
             Message::error(ErrorCode::UnknownShuffle, "shuffle 3 of app-1 is not registered"),
+            &[],
+            false,
+        ),
+        ok(
+            "auth_challenge",
+            1,
+            AuthChallenge { server_nonce: "9b2e4f7a1c3d5e8f0a1b2c3d4e5f6a7b".into() }.into(),
+            &[],
+            false,
+        ),
+        ok(
+            "auth_proof",
+            2,
+            AuthProof {
+                proof: "0f4c2a6b8d1e3f5a7c9e0b2d4f6a8c1e3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a".into(),
+            }
+            .into(),
+            &[],
+            false,
+        ),
+        ok(
+            "error_unauthorized",
+            10,
+            Message::error(
+                ErrorCode::Unauthorized,
+                "this connection is authenticated for app-a, not app-b",
+            ),
             &[],
             false,
         ),
@@ -163,7 +190,7 @@ pub fn cases() -> Vec<Case> {
             false,
         ),
         ok("drain_order", 5, DrainOrder { order: DRAIN_ORDER_START }.into(), &[], false),
-        ok("register_app", 6, RegisterApp { app_id: app(), secret: "".into() }.into(), &[], false),
+        ok("register_app", 6, RegisterApp { app_id: app() }.into(), &[], false),
         ok("app_heartbeat", 7, AppHeartbeat { app_id: app() }.into(), &[], false),
         ok("unregister_app", 8, UnregisterApp { app_id: app() }.into(), &[], false),
         ok(

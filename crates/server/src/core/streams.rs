@@ -66,6 +66,12 @@ impl<F: Clone, B: Clone> Streams<F, B> {
         Ok(c.clone())
     }
 
+    /// The application whose shuffle stream `id` reads, while it is open: who may fetch from it
+    /// and close it.
+    pub fn app_of(&self, id: u64) -> Option<String> {
+        self.open.lock().get(&id).map(|s| s.shuffle.key().app_id().to_owned())
+    }
+
     /// Closes stream `id` (a no-op when it is not open).
     pub fn close(&self, id: u64) {
         self.open.lock().remove(&id);

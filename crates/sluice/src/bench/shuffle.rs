@@ -83,6 +83,7 @@ async fn one_server(
     args: &ShuffleBenchArgs,
     sets: Vec<String>,
     data_root: Option<std::path::PathBuf>,
+    tls: bool,
 ) -> anyhow::Result<(Cluster, ShuffleClient, Arc<Assignment>)> {
     let cluster = Cluster::start(&ClusterSpec {
         admin_token: None,
@@ -90,6 +91,7 @@ async fn one_server(
         memory_budget_bytes: args.memory_budget,
         data_root,
         server_sets: vec![sets],
+        tls,
     })?;
     let client = client_for(&cluster, "bench").await?;
     let a = client.register_shuffle(0, args.maps, args.partitions, 1).await?;
@@ -106,7 +108,7 @@ pub async fn push(args: ShuffleBenchArgs) -> anyhow::Result<()> {
     let shm = std::path::Path::new("/dev/shm");
     let root = shm.is_dir().then(|| shm.to_path_buf());
     let (cluster, client, a) =
-        one_server(&args, vec!["chunk_bytes=8388608".into()], root.clone()).await?;
+        one_server(&args, vec!["chunk_bytes=8388608".into()], root.clone(), false).await?;
     // Warm-up: a budget's worth of pushes into a throw-away shuffle, so the server's allocator
     // has touched its memory once (a fresh process pays the kernel's page zeroing on first use;
     // a long-running server does not). The measured run below is steady-state ingest.
@@ -191,26 +193,40 @@ async fn read_batches(
     Ok(total)
 }
 
-/// `sluice bench fetch`: the same committed data served by a zero-copy server and by a
-/// copy-path server (`transport.zero_copy=false`), measured one after the other in one run.
+/// `sluice bench fetch`: the same committed data served by a zero-copy server, by a
+/// copy-path server (`transport.zero_copy=false`) and by a TLS server (a throw-away CA; chunks
+/// read and encrypted in user space, or by the kernel where it has kTLS), measured one after the
+/// other in one run.
 pub async fn fetch(args: ShuffleBenchArgs) -> anyhow::Result<()> {
     let mut rows = Vec::new();
-    for (name, zero_copy) in [("sendfile", true), ("copy", false)] {
+    for (name, zero_copy, tls) in
+        [("sendfile", true, false), ("copy", false, false), ("tls", true, true)]
+    {
         let sets = vec!["chunk_bytes=8388608".into(), format!("transport.zero_copy={zero_copy}")];
-        let (cluster, client, a) = one_server(&args, sets, None).await?;
+        let (cluster, client, a) = one_server(&args, sets, None, tls).await?;
         let pushed = push_batches(&client, &a, &args).await?;
         client.commit_shuffle(&a).await?;
         let (bytes, s, cpu) = fetch_all(&cluster, &client, &a, &args).await?;
         anyhow::ensure!(bytes == pushed, "{name}: read {bytes} of {pushed} bytes");
+        if tls {
+            // The TLS row must not have sent plain bytes with sendfile.
+            let plain =
+                crate::cluster::metric(server(&cluster), "sluice_server_sendfile_bytes_total");
+            anyhow::ensure!(plain == 0, "tls: {plain} bytes went out with sendfile");
+        }
         rows.push((name, bytes as f64 / s / 1e9, cpu / (bytes as f64 / 1e9)));
     }
-    let (z, c) = (rows[0], rows[1]);
+    let (z, c, t) = (rows[0], rows[1], rows[2]);
+    let ktls = sluice_transport::ktls_available();
     let out = json!({
         "bench": "fetch",
         "bytes": args.bytes,
-        "zero_copy_gbps": z.1, "copy_gbps": c.1,
+        "zero_copy_gbps": z.1, "copy_gbps": c.1, "tls_gbps": t.1,
         "zero_copy_server_cpu_s_per_gb": z.2, "copy_server_cpu_s_per_gb": c.2,
+        "tls_server_cpu_s_per_gb": t.2,
         "speedup": z.1 / c.1, "cpu_ratio": z.2 / c.2.max(1e-9),
+        "tls_vs_zero_copy": t.1 / z.1, "tls_cpu_ratio": t.2 / z.2.max(1e-9),
+        "tls_path": if ktls { "user space (kTLS not wired in)" } else { "user space (no kTLS in this kernel)" },
         "readers": args.readers,
     });
     if args.json {
@@ -225,7 +241,9 @@ pub async fn fetch(args: ShuffleBenchArgs) -> anyhow::Result<()> {
         for (n, g, cpu) in &rows {
             println!("  {n:<9} {g:>8.2} {cpu:>14.3}");
         }
-        println!("  ratio     {:>8.2}x {:>13.2}x", z.1 / c.1, z.2 / c.2.max(1e-9));
+        println!("  sendfile/copy {:>6.2}x {:>13.2}x", z.1 / c.1, z.2 / c.2.max(1e-9));
+        println!("  tls/sendfile  {:>6.2}x {:>13.2}x", t.1 / z.1, t.2 / z.2.max(1e-9));
+        println!("  tls path: {}", out["tls_path"].as_str().unwrap_or(""));
     }
     Ok(())
 }

@@ -629,7 +629,7 @@ async fn fetch_chunks_lean(
         features: FEATURE_CRC32C,
         max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
         app_id: String::new(),
-        secret: String::new(),
+        client_nonce: String::new(),
     };
     wr.write_all(&encode_frame(0, &Message::Handshake(hs), &[])).await?;
     let mut reader = FrameReader::new(rd, DEFAULT_MAX_FRAME_BYTES, None);

@@ -93,7 +93,9 @@ impl Proc {
     /// Scrapes the child's metrics endpoint (bounded to 5 s).
     pub async fn metrics(&self) -> HashMap<String, f64> {
         let addr = self.0.metrics.expect("started with --metrics-listen");
-        let scrape = move || sluice_testkit::scrape(addr, Duration::from_secs(5));
+        let ca = self.0.tls_ca.clone();
+        let scrape =
+            move || sluice_testkit::scrape_tls(addr, Duration::from_secs(5), ca.as_deref());
         let m = tokio::task::spawn_blocking(scrape).await.expect("the scrape task");
         m.unwrap_or_else(|e| panic!("metrics scrape: {e}"))
     }
@@ -245,12 +247,7 @@ pub async fn register_direct(
     num_maps: u32,
 ) -> Result<(), ClientError> {
     for addr in addrs_of(a) {
-        client
-            .request(
-                addr,
-                RegisterApp { app_id: client.app_id().into(), secret: String::new() }.into(),
-            )
-            .await?;
+        client.request(addr, RegisterApp { app_id: client.app_id().into() }.into()).await?;
         client
             .request(
                 addr,

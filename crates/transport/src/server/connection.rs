@@ -9,23 +9,23 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use sluice_proto::message::{HandshakeOk, Pong, FEATURE_CRC32C, PROTOCOL_VERSION};
+use sluice_proto::message::{AuthChallenge, HandshakeOk, Pong, FEATURE_CRC32C, PROTOCOL_VERSION};
 use sluice_proto::{encode_frame, ErrorCode, Message, MsgType};
 use sluice_proto::{HANDSHAKE_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES};
-use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Semaphore};
 
-use super::{Admission, ConnInfo, Handler, Request, Response};
+use super::{Admission, ConnInfo, Handler, PeerIdentity, Request, Response};
 use crate::body::{Body, FileRegion};
 use crate::codec::FrameReader;
 use crate::config::ServerConfig;
 use crate::error::TransportError;
 use crate::outbound::{millis, OutFrame, Outbound, WriterOptions};
-use crate::secret::constant_time_eq;
+use crate::secret::{app_credential, constant_time_eq, handshake_proof, nonce};
 use crate::socket::configure;
 use crate::stats::TransportStats;
+use crate::stream::{Sink, TlsStream};
+use crate::tls::TlsListener;
 
 /// How long we keep reading (and dropping) a peer's bytes after a fatal error frame.
 const LINGER: Duration = Duration::from_secs(1);
@@ -70,12 +70,29 @@ pub(super) async fn run<H: Handler>(
         tracing::warn!(error = %e, "setting socket options failed");
     }
     let idle = millis(cfg.idle_timeout_ms);
-    let (rd, mut wr) = stream.into_split();
-    let mut reader = FrameReader::new(rd, HANDSHAKE_MAX_FRAME_BYTES, idle);
+    let (mut reader, mut wr) = match &shared.tls {
+        None => {
+            let (rd, wr) = stream.into_split();
+            (FrameReader::new(rd, HANDSHAKE_MAX_FRAME_BYTES, idle), Sink::Plain(wr))
+        }
+        Some(tls) => {
+            let accepted = tokio::select! {
+                r = tls_accept(tls, stream, idle) => r,
+                _ = stop.wait_for(|s| *s) => return,
+            };
+            let Some(tls_stream) = accepted else {
+                TransportStats::add(&stats.tls_handshakes_failed, 1);
+                return;
+            };
+            TransportStats::add(&stats.tls_connections_user_space, 1);
+            let (rd, wr) = tokio::io::split(tls_stream);
+            (FrameReader::new(rd, HANDSHAKE_MAX_FRAME_BYTES, idle), Sink::Tls(wr))
+        }
+    };
     reader.set_body_pool(handler.body_pool());
 
     let handshake = tokio::select! {
-        r = handshake(&mut reader, cfg, idle, id, peer) => r,
+        r = handshake(&mut reader, &mut wr, cfg, idle, id, peer) => r,
         _ = stop.wait_for(|s| *s) => return,
     };
     let (conn, max_frame, reply) = match handshake {
@@ -97,7 +114,7 @@ pub(super) async fn run<H: Handler>(
         return;
     }
     reader.max_frame_bytes = max_frame;
-    tracing::debug!(app_id = ?conn.app_id, max_frame, "handshake done");
+    tracing::debug!(identity = %conn.identity, max_frame, "handshake done");
 
     let (outbound, mut writer) = Outbound::start(wr, WriterOptions::from(cfg), stats.clone());
     let opts = ResponseOpts { max_frame, shared: shared.clone() };
@@ -142,6 +159,31 @@ pub(super) async fn run<H: Handler>(
     handler.connection_closed(&conn);
 }
 
+/// The TLS handshake of an accepted connection, bounded by the idle timeout (10 s when that is
+/// off: a TLS handshake has no reason to take longer). `None` when it failed, logged: a plain-text
+/// client, an untrusted or expired certificate, a missing client certificate under mTLS.
+async fn tls_accept(
+    tls: &TlsListener,
+    stream: TcpStream,
+    idle: Option<Duration>,
+) -> Option<TlsStream> {
+    let limit = idle.unwrap_or(Duration::from_secs(10));
+    match tokio::time::timeout(limit, tls.acceptor().accept(stream)).await {
+        Ok(Ok(s)) => {
+            crate::tls::log_tls_path_once();
+            Some(TlsStream::Server(s))
+        }
+        Ok(Err(e)) => {
+            tracing::info!(error = %e, "TLS handshake failed; closing");
+            None
+        }
+        Err(_) => {
+            tracing::info!(after_ms = limit.as_millis() as u64, "TLS handshake timed out; closing");
+            None
+        }
+    }
+}
+
 async fn finish_writer(
     writer: tokio::task::JoinHandle<Result<(), TransportError>>,
     grace: Duration,
@@ -168,14 +210,11 @@ impl HandshakeEnd {
     }
 }
 
-/// Reads and checks the client's handshake.
-async fn handshake(
+/// Reads the next frame of the handshake, within the idle timeout.
+async fn handshake_frame(
     reader: &mut FrameReader,
-    cfg: &ServerConfig,
     idle: Option<Duration>,
-    id: u64,
-    peer: SocketAddr,
-) -> Result<(Arc<ConnInfo>, u32, bytes::BytesMut), HandshakeEnd> {
+) -> Result<(sluice_proto::Header, Message), HandshakeEnd> {
     let read = reader.read_head();
     let head = match idle {
         Some(t) => match tokio::time::timeout(t, read).await {
@@ -184,30 +223,37 @@ async fn handshake(
         },
         None => read.await,
     };
-    let (h, hs) = match head {
-        Ok(Some((h, Message::Handshake(hs)))) => (h, hs),
-        Ok(Some((h, _))) => {
+    match head {
+        Ok(Some(x)) => Ok(x),
+        Ok(None) => Err(HandshakeEnd::PeerLeft),
+        Err(TransportError::Proto(e)) => {
+            Err(HandshakeEnd::refused(reader.front_request_id(), e.code(), e.to_string()))
+        }
+        Err(_) => Err(HandshakeEnd::PeerLeft),
+    }
+}
+
+/// Reads and checks the client's handshake. With a cluster key configured, challenges the
+/// client to prove the credential of the application it names (of the cluster when it names
+/// none) and binds the connection to that identity (`docs/security.md`).
+async fn handshake(
+    reader: &mut FrameReader,
+    wr: &mut Sink,
+    cfg: &ServerConfig,
+    idle: Option<Duration>,
+    id: u64,
+    peer: SocketAddr,
+) -> Result<(Arc<ConnInfo>, u32, bytes::BytesMut), HandshakeEnd> {
+    let (h, hs) = match handshake_frame(reader, idle).await? {
+        (h, Message::Handshake(hs)) => (h, hs),
+        (h, _) => {
             return Err(HandshakeEnd::refused(
                 h.request_id,
                 ErrorCode::ProtocolViolation,
                 "the first frame must be a Handshake",
             ))
         }
-        Ok(None) => return Err(HandshakeEnd::PeerLeft),
-        Err(TransportError::Proto(e)) => {
-            return Err(HandshakeEnd::refused(reader.front_request_id(), e.code(), e.to_string()))
-        }
-        Err(_) => return Err(HandshakeEnd::PeerLeft),
     };
-    if let Some(secret) = &cfg.secret {
-        if !constant_time_eq(secret.as_bytes(), hs.secret.as_bytes()) {
-            return Err(HandshakeEnd::refused(
-                h.request_id,
-                ErrorCode::AuthFailed,
-                "wrong or missing application secret",
-            ));
-        }
-    }
     if hs.max_frame_bytes < MIN_MAX_FRAME_BYTES {
         return Err(HandshakeEnd::refused(
             h.request_id,
@@ -218,24 +264,72 @@ async fn handshake(
             ),
         ));
     }
+    let (identity, reply_id) = match &cfg.secret {
+        None => (PeerIdentity::Anyone, h.request_id),
+        Some(key) => {
+            let server_nonce = nonce();
+            let challenge = AuthChallenge { server_nonce: server_nonce.clone() };
+            let frame = encode_frame(h.request_id, &Message::AuthChallenge(challenge), &[]);
+            if write_direct(wr, &frame, idle).await.is_err() {
+                return Err(HandshakeEnd::PeerLeft);
+            }
+            let (ph, proof) = match handshake_frame(reader, idle).await? {
+                (ph, Message::AuthProof(p)) => (ph, p),
+                (ph, other) => {
+                    return Err(HandshakeEnd::refused(
+                        ph.request_id,
+                        ErrorCode::AuthFailed,
+                        format!(
+                            "authentication is on: expected AuthProof, got {}",
+                            other.msg_type().name()
+                        ),
+                    ))
+                }
+            };
+            // The cluster's own peers prove the cluster key itself; an application proves the
+            // credential derived from it for its id.
+            let credential = match hs.app_id.is_empty() {
+                true => key.clone(),
+                false => app_credential(key, &hs.app_id),
+            };
+            let want = handshake_proof(&credential, &hs.app_id, &server_nonce, &hs.client_nonce);
+            if !constant_time_eq(want.as_bytes(), proof.proof.as_bytes()) {
+                let who = match hs.app_id.is_empty() {
+                    true => "the cluster".to_string(),
+                    false => format!("application {:?}", hs.app_id),
+                };
+                return Err(HandshakeEnd::refused(
+                    ph.request_id,
+                    ErrorCode::AuthFailed,
+                    format!("wrong or missing credential for {who}"),
+                ));
+            }
+            let identity = match hs.app_id.is_empty() {
+                true => PeerIdentity::Cluster,
+                false => PeerIdentity::App(hs.app_id.clone()),
+            };
+            (identity, ph.request_id)
+        }
+    };
     let max_frame = hs.max_frame_bytes.min(cfg.max_frame_bytes);
     let ok = HandshakeOk {
         version: PROTOCOL_VERSION,
         features: hs.features & FEATURE_CRC32C,
         max_frame_bytes: max_frame,
     };
-    let reply = encode_frame(h.request_id, &Message::HandshakeOk(ok), &[]);
+    let reply = encode_frame(reply_id, &Message::HandshakeOk(ok), &[]);
     let app_id = (!hs.app_id.is_empty()).then_some(hs.app_id);
-    Ok((Arc::new(ConnInfo { id, peer, app_id, max_frame_bytes: max_frame }), max_frame, reply))
+    let conn = ConnInfo { id, peer, app_id, identity, max_frame_bytes: max_frame };
+    Ok((Arc::new(conn), max_frame, reply))
 }
 
 /// Writes a whole frame before the writer task exists (handshake replies and refusals).
 async fn write_direct(
-    wr: &mut OwnedWriteHalf,
+    wr: &mut Sink,
     frame: &[u8],
     idle: Option<Duration>,
 ) -> Result<(), TransportError> {
-    let write = wr.write_all(frame);
+    let write = wr.write_all_flush(frame);
     match idle {
         Some(t) => tokio::time::timeout(t, write)
             .await
@@ -263,6 +357,7 @@ fn is_response(t: MsgType) -> bool {
             | MsgType::MapperEndResult
             | MsgType::StreamHandle
             | MsgType::ChunkData
+            | MsgType::AuthChallenge
     )
 }
 
@@ -298,8 +393,8 @@ async fn read_loop<H: Handler>(
         };
         TransportStats::add(&stats.frames_received, 1);
         let ty = message.msg_type();
-        if ty == MsgType::Handshake {
-            let text = "a second Handshake".to_string();
+        if ty == MsgType::Handshake || ty == MsgType::AuthProof {
+            let text = format!("{} after the handshake", ty.name());
             return End::Fatal {
                 request_id: h.request_id,
                 code: ErrorCode::ProtocolViolation,
@@ -322,6 +417,20 @@ async fn read_loop<H: Handler>(
             continue;
         }
         let body_len = h.body_len();
+        // Authorization before admission: a refused push reserves no memory, and its body is
+        // read and dropped like any refused body.
+        if let Err(text) = conn.identity.authorize(&message) {
+            tracing::warn!(identity = %conn.identity, request = ty.name(), %text, "request refused");
+            TransportStats::add(&stats.requests_unauthorized, 1);
+            if let Err(e) = reader.discard_body(body_len).await {
+                return End::ReadFailed(e);
+            }
+            let resp = Response::error(ErrorCode::Unauthorized, text);
+            if send_response(outbound, h.request_id, resp, opts, stats).await.is_err() {
+                return End::ReadFailed(TransportError::Closed("writer stopped".into()));
+            }
+            continue;
+        }
         let decision = match handler.admit(conn, &message, body_len) {
             Admission::Accept(permit) => Ok(permit),
             Admission::Reject(reply) => Err(reply),
@@ -366,6 +475,8 @@ async fn read_loop<H: Handler>(
 /// What one listener's connections share.
 pub(crate) struct Shared {
     pub cfg: ServerConfig,
+    /// The listener's TLS (`None`: plain TCP).
+    pub tls: Option<Arc<TlsListener>>,
     /// Permits for cold read-ins ([`ServerConfig::max_cold_reads`]); `None`: unbounded.
     pub cold_reads: Option<Semaphore>,
 }

@@ -85,8 +85,61 @@ pub struct ConnInfo {
     pub peer: SocketAddr,
     /// The application id from the handshake, when the client gave one.
     pub app_id: Option<String>,
+    /// Who the handshake proved the peer to be: what it may ask for.
+    pub identity: PeerIdentity,
     /// The `max_frame_bytes` the handshake settled on: no response to this peer may be larger.
     pub max_frame_bytes: u32,
+}
+
+/// Who a connection speaks for, settled by its handshake (`docs/security.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerIdentity {
+    /// Authentication is off (no cluster key): the connection may act for any application.
+    Anyone,
+    /// Proved the cluster key: a server, a coordinator, an operator's tool. May do anything.
+    Cluster,
+    /// Proved the credential of this application: may act for it alone.
+    App(String),
+}
+
+impl PeerIdentity {
+    /// Whether this identity may send `message`: `Err` with the refusal's text when the
+    /// message names another application, or is for the cluster's own peers only.
+    pub fn authorize(&self, message: &Message) -> Result<(), String> {
+        let PeerIdentity::App(own) = self else { return Ok(()) };
+        if message.is_cluster_only() {
+            return Err(format!(
+                "{} is for the cluster's servers only; this connection is authenticated for \
+                 application {own:?}",
+                message.msg_type().name()
+            ));
+        }
+        match message.app_id() {
+            Some(named) if named != own => Err(format!(
+                "this connection is authenticated for application {own:?}, not {named:?}"
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether this identity may act for `app_id` (for requests that name an application only
+    /// through something it owns, as a stream).
+    pub fn may_act_for(&self, app_id: &str) -> bool {
+        match self {
+            PeerIdentity::App(own) => own == app_id,
+            PeerIdentity::Anyone | PeerIdentity::Cluster => true,
+        }
+    }
+}
+
+impl std::fmt::Display for PeerIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PeerIdentity::Anyone => f.write_str("anyone (auth off)"),
+            PeerIdentity::Cluster => f.write_str("cluster"),
+            PeerIdentity::App(a) => write!(f, "app {a:?}"),
+        }
+    }
 }
 
 /// The application above the transport (the shuffle server, the coordinator).
@@ -124,6 +177,15 @@ pub trait Handler: Send + Sync + 'static {
     }
 }
 
+/// Aborts a background task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Accepts connections on `listener` and serves them with `handler` until `shutdown` completes;
 /// then stops accepting, tells every connection to finish its in-flight requests (bounded by
 /// `shutdown_grace_ms`), waits for them, and returns.
@@ -145,7 +207,16 @@ pub async fn serve<H: Handler>(
     }
     // One bound on cold read-ins for all of this listener's connections.
     let cold_reads = (config.max_cold_reads > 0).then(|| Semaphore::new(config.max_cold_reads));
-    let shared = Arc::new(connection::Shared { cfg: config, cold_reads });
+    let tls = match &config.tls {
+        None => None,
+        Some(t) => Some(
+            crate::tls::TlsListener::new(t.clone())
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?,
+        ),
+    };
+    // Reloads the certificates on change or SIGHUP while the listener runs.
+    let _watch = tls.clone().map(|t| AbortOnDrop(tokio::spawn(t.watch())));
+    let shared = Arc::new(connection::Shared { cfg: config, cold_reads, tls });
     // Bounds open connections: a tokio semaphore so the accept loop can await a free slot; each
     // connection task holds its permit until it ends.
     let limit = Arc::new(Semaphore::new(shared.cfg.max_connections));

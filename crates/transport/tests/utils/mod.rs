@@ -195,7 +195,7 @@ pub fn handshake(version: u16, magic: u32) -> Vec<u8> {
         features: 1,
         max_frame_bytes: 64 << 20,
         app_id: "raw".into(),
-        secret: String::new(),
+        client_nonce: String::new(),
     };
     sluice_proto::encode_frame(0, &Message::Handshake(hs), &[]).to_vec()
 }

@@ -52,9 +52,9 @@ public final class CoordinatorClient {
     this.coordinators = List.copyOf(coordinators);
   }
 
-  /** Registers the application (with the configured secret) on the coordinator. */
+  /** Registers the application on the coordinator. */
   public void registerApp(String appId) {
-    expectOk(callCoordinator(new RegisterApp(appId, conf.secret())));
+    expectOk(callCoordinator(new RegisterApp(appId)));
   }
 
   /**
@@ -113,7 +113,7 @@ public final class CoordinatorClient {
    */
   public void registerShuffleOnServers(
       String appId, ShuffleAssignment a, int numMaps, int replication) {
-    onAllServers(a.servers(), new RegisterApp(appId, conf.secret()))
+    onAllServers(a.servers(), new RegisterApp(appId))
         .forEach(CoordinatorClient::expectOk);
     onAllServers(a.servers(), new RegisterShuffle(appId, a.shuffleId(), numMaps,
         a.numPartitions(), replication)).forEach(CoordinatorClient::expectOk);

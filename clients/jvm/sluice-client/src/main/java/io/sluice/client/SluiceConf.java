@@ -18,7 +18,11 @@ import java.util.Map;
  * <caption>Keys and defaults</caption>
  * <tr><th>key</th><th>default</th><th>meaning</th></tr>
  * <tr><td>sluice.coordinators</td><td>""</td><td>comma-separated host:port of the coordinators</td></tr>
- * <tr><td>sluice.secret</td><td>""</td><td>the application's shared secret ("" when auth is off)</td></tr>
+ * <tr><td>sluice.appId</td><td>""</td><td>the application id to use ("": one made from Spark's); fixed by the launcher that issued {@code sluice.secret}</td></tr>
+ * <tr><td>sluice.secret</td><td>""</td><td>the credential of {@code sluice.appId} ({@code sluice credential}; "" when auth is off); proved, never sent</td></tr>
+ * <tr><td>sluice.tls.enabled</td><td>false</td><td>TLS to the servers and coordinators (Netty's SslHandler, JDK engine)</td></tr>
+ * <tr><td>sluice.tls.caFile</td><td>""</td><td>PEM file of the CA(s) that sign the servers' certificates (checked against the address connected to)</td></tr>
+ * <tr><td>sluice.tls.certFile, sluice.tls.keyFile</td><td>""</td><td>the client's certificate chain and PKCS#8 key (PEM), for servers that require them (mTLS)</td></tr>
  * <tr><td>sluice.client.connectionsPerPeer</td><td>2</td><td>connections pooled per server</td></tr>
  * <tr><td>sluice.client.connectTimeoutMs</td><td>10000</td><td>TCP connect + handshake timeout</td></tr>
  * <tr><td>sluice.client.requestTimeoutMs</td><td>120000</td><td>time a request may wait for its answer</td></tr>
@@ -42,6 +46,11 @@ public final class SluiceConf {
   private final Map<String, String> values;
   private final List<String> coordinators;
   private final String secret;
+  private final String appId;
+  private final boolean tlsEnabled;
+  private final String tlsCaFile;
+  private final String tlsCertFile;
+  private final String tlsKeyFile;
   private final int connectionsPerPeer;
   private final int connectTimeoutMs;
   private final int requestTimeoutMs;
@@ -70,6 +79,21 @@ public final class SluiceConf {
     }
     this.coordinators = List.copyOf(coords);
     this.secret = str("sluice.secret", "");
+    this.appId = str("sluice.appId", "");
+    this.tlsEnabled = bool("sluice.tls.enabled", false);
+    this.tlsCaFile = str("sluice.tls.caFile", "");
+    this.tlsCertFile = str("sluice.tls.certFile", "");
+    this.tlsKeyFile = str("sluice.tls.keyFile", "");
+    if (tlsEnabled && tlsCaFile.isEmpty()) {
+      throw new IllegalArgumentException("sluice.tls.enabled needs sluice.tls.caFile");
+    }
+    if (tlsCertFile.isEmpty() != tlsKeyFile.isEmpty()) {
+      throw new IllegalArgumentException("sluice.tls.certFile and sluice.tls.keyFile go together");
+    }
+    if (!secret.isEmpty() && appId.isEmpty()) {
+      throw new IllegalArgumentException("sluice.secret is the credential of one application id: "
+          + "set sluice.appId to the id it was made for (docs/security.md)");
+    }
     this.connectionsPerPeer = intIn("sluice.client.connectionsPerPeer", 2, 1, 1024);
     this.connectTimeoutMs = intIn("sluice.client.connectTimeoutMs", 10_000, 1, Integer.MAX_VALUE);
     this.requestTimeoutMs = intIn("sluice.client.requestTimeoutMs", 120_000, 1, Integer.MAX_VALUE);
@@ -181,9 +205,34 @@ public final class SluiceConf {
     return coordinators;
   }
 
-  /** The application's shared secret ("" when auth is off). */
+  /** The credential of {@link #appId} ("" when auth is off). Never logged. */
   public String secret() {
     return secret;
+  }
+
+  /** Whether connections use TLS ({@code sluice.tls.enabled}). */
+  public boolean tlsEnabled() {
+    return tlsEnabled;
+  }
+
+  /** PEM file of the CA(s) the servers' certificates must chain to. */
+  public String tlsCaFile() {
+    return tlsCaFile;
+  }
+
+  /** The client's certificate chain (PEM), "" when none. */
+  public String tlsCertFile() {
+    return tlsCertFile;
+  }
+
+  /** The client certificate's PKCS#8 key (PEM), "" when none. */
+  public String tlsKeyFile() {
+    return tlsKeyFile;
+  }
+
+  /** The application id the launcher fixed ({@code sluice.appId}), "" when none. */
+  public String appId() {
+    return appId;
   }
 
   public int connectionsPerPeer() {

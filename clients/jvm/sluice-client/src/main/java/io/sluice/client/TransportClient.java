@@ -6,6 +6,9 @@ import io.netty.channel.ChannelHandlerContext;
 import io.netty.channel.ChannelInboundHandlerAdapter;
 import io.netty.util.ReferenceCountUtil;
 import io.netty.util.concurrent.ScheduledFuture;
+import io.sluice.protocol.AuthChallenge;
+import io.sluice.protocol.AuthProof;
+import io.sluice.protocol.Credentials;
 import io.sluice.protocol.ErrorCode;
 import io.sluice.protocol.ErrorMessage;
 import io.sluice.protocol.Frame;
@@ -77,11 +80,26 @@ public final class TransportClient implements AutoCloseable {
   }
 
   /**
-   * Sends the handshake and applies the negotiated frame limit; completes when the connection is
-   * ready for requests.
+   * Sends the handshake, answers the server's challenge when it asks for one (proving
+   * {@code credential} without sending it), and applies the negotiated frame limit; completes when
+   * the connection is ready for requests.
+   *
+   * @param credential the application's credential ("" when none is configured)
    */
-  CompletableFuture<HandshakeOk> handshake(int proposedMaxFrameBytes, String appId, String secret) {
-    return call(Handshake.v1(proposedMaxFrameBytes, appId, secret)).thenApply(m -> {
+  CompletableFuture<HandshakeOk> handshake(
+      int proposedMaxFrameBytes, String appId, String credential) {
+    String clientNonce = Credentials.nonce();
+    return call(Handshake.v1(proposedMaxFrameBytes, appId, clientNonce)).thenCompose(m -> {
+      if (!(m instanceof AuthChallenge c)) {
+        return CompletableFuture.completedFuture(m);
+      }
+      if (credential.isEmpty()) {
+        throw new SluiceException(ErrorCode.AUTH_FAILED, peer
+            + " requires authentication and no credential is configured (sluice.secret)");
+      }
+      return call(new AuthProof(
+          Credentials.proof(credential, appId, c.serverNonce(), clientNonce)));
+    }).thenApply(m -> {
       if (!(m instanceof HandshakeOk ok)) {
         throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION,
             "expected HandshakeOk from " + peer + ", got " + m);

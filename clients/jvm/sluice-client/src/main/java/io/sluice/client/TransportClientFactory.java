@@ -16,11 +16,18 @@ import io.netty.channel.epoll.EpollSocketChannel;
 import io.netty.channel.nio.NioIoHandler;
 import io.netty.channel.socket.SocketChannel;
 import io.netty.channel.socket.nio.NioSocketChannel;
+import io.netty.handler.ssl.SslContext;
+import io.netty.handler.ssl.SslContextBuilder;
+import io.netty.handler.ssl.SslHandler;
+import io.netty.handler.ssl.SslProvider;
 import io.netty.util.concurrent.DefaultThreadFactory;
 import io.sluice.protocol.FrameDecoder;
 import io.sluice.protocol.FrameHeader;
 import io.sluice.protocol.Message;
+import java.io.File;
 import java.util.concurrent.ConcurrentHashMap;
+import javax.net.ssl.SSLException;
+import javax.net.ssl.SSLParameters;
 import java.util.concurrent.ThreadLocalRandom;
 import java.util.concurrent.TimeUnit;
 import org.slf4j.Logger;
@@ -45,6 +52,8 @@ public final class TransportClientFactory implements AutoCloseable {
   private final EventLoopGroup group;
   private final Class<? extends SocketChannel> channelClass;
   private final boolean epoll;
+  /** TLS of every connection ({@code null}: plain TCP). */
+  private final SslContext sslContext;
   private final ConcurrentHashMap<String, Peer> peers = new ConcurrentHashMap<>();
   private final ConcurrentHashMap<String, BusyGate> busyGates = new ConcurrentHashMap<>();
   private volatile boolean closed;
@@ -79,6 +88,23 @@ public final class TransportClientFactory implements AutoCloseable {
     this.group = new MultiThreadIoEventLoopGroup(conf.ioThreads(),
         new DefaultThreadFactory("sluice-client", true), io);
     this.channelClass = epoll ? EpollSocketChannel.class : NioSocketChannel.class;
+    this.sslContext = conf.tlsEnabled() ? sslContext(conf) : null;
+  }
+
+  /** The client side of TLS: the JDK's engine, trusting the configured CA, mTLS when set. */
+  private static SslContext sslContext(SluiceConf conf) {
+    try {
+      SslContextBuilder b = SslContextBuilder.forClient()
+          .sslProvider(SslProvider.JDK)
+          .trustManager(new File(conf.tlsCaFile()));
+      if (!conf.tlsCertFile().isEmpty()) {
+        b.keyManager(new File(conf.tlsCertFile()), new File(conf.tlsKeyFile()));
+      }
+      return b.build();
+    } catch (SSLException | IllegalArgumentException e) {
+      throw new SluiceException(io.sluice.protocol.ErrorCode.INVALID_REQUEST,
+          "sluice.tls: cannot load " + conf.tlsCaFile() + ": " + e.getMessage(), e);
+    }
   }
 
   /** The options this factory was built with. */
@@ -226,6 +252,14 @@ public final class TransportClientFactory implements AutoCloseable {
           protected void initChannel(SocketChannel ch) {
             // No encoder: TransportClient writes frames already encoded (Frame.encode), so a
             // write goes from the pipeline's tail straight to the socket.
+            if (sslContext != null) {
+              // Checks the server's certificate against the address connected to.
+              SslHandler ssl = sslContext.newHandler(ch.alloc(), host, port);
+              SSLParameters params = ssl.engine().getSSLParameters();
+              params.setEndpointIdentificationAlgorithm("HTTPS");
+              ssl.engine().setSSLParameters(params);
+              ch.pipeline().addLast("tls", ssl);
+            }
             ch.pipeline()
                 .addLast("frameDecoder", new FrameDecoder(FrameHeader.HANDSHAKE_MAX_FRAME_BYTES));
           }
@@ -237,6 +271,16 @@ public final class TransportClientFactory implements AutoCloseable {
       throw SluiceException.connectionFailure("cannot connect to " + peer, cf.cause());
     }
     Channel ch = cf.channel();
+    SslHandler ssl = ch.pipeline().get(SslHandler.class);
+    if (ssl != null) {
+      io.netty.util.concurrent.Future<Channel> hs = ssl.handshakeFuture();
+      if (!hs.awaitUninterruptibly(conf.connectTimeoutMs()) || !hs.isSuccess()) {
+        ch.close();
+        Throwable cause = hs.cause();
+        throw SluiceException.connectionFailure("TLS handshake with " + peer + " failed: "
+            + (cause == null ? "timed out" : cause.getMessage()), cause);
+      }
+    }
     TransportClient client = new TransportClient(ch, peer, conf.requestTimeoutMs());
     try {
       client.handshake(conf.maxFrameBytes(), appId, conf.secret())

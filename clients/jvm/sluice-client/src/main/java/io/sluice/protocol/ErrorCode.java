@@ -26,7 +26,8 @@ public enum ErrorCode {
   SHUTTING_DOWN(18, true, false),
   DATA_LOST(19, false, false),
   TIMEOUT(20, true, false),
-  PROTOCOL_VIOLATION(21, false, true);
+  PROTOCOL_VIOLATION(21, false, true),
+  UNAUTHORIZED(22, false, false);
 
   private static final ErrorCode[] BY_CODE = new ErrorCode[values().length + 1];
 

@@ -9,11 +9,11 @@ import io.netty.buffer.ByteBuf;
  * @param version protocol version, {@link #VERSION}
  * @param features feature bits, {@link #FEATURE_CRC32C}
  * @param maxFrameBytes the client's proposed {@code max_frame_bytes}
- * @param appId the application id, "" when none
- * @param secret the application secret, "" when none
+ * @param appId the application id, "" for the cluster's own peers
+ * @param clientNonce random text mixed into the credential proof ({@link AuthProof}); may be ""
  */
 public record Handshake(
-    int magic, int version, long features, int maxFrameBytes, String appId, String secret)
+    int magic, int version, long features, int maxFrameBytes, String appId, String clientNonce)
     implements Message {
   /** "SLCE". */
   public static final int MAGIC = 0x534C4345;
@@ -23,8 +23,8 @@ public record Handshake(
   public static final long FEATURE_CRC32C = 1L;
 
   /** A v1 handshake with the CRC32C feature. */
-  public static Handshake v1(int maxFrameBytes, String appId, String secret) {
-    return new Handshake(MAGIC, VERSION, FEATURE_CRC32C, maxFrameBytes, appId, secret);
+  public static Handshake v1(int maxFrameBytes, String appId, String clientNonce) {
+    return new Handshake(MAGIC, VERSION, FEATURE_CRC32C, maxFrameBytes, appId, clientNonce);
   }
 
   @Override
@@ -39,7 +39,7 @@ public record Handshake(
     out.writeLong(features);
     out.writeInt(maxFrameBytes);
     Wire.writeStr(out, appId);
-    Wire.writeStr(out, secret);
+    Wire.writeStr(out, clientNonce);
   }
 
   /**
@@ -55,7 +55,7 @@ public record Handshake(
         Wire.readU64(in, "features"),
         Wire.readU32(in, "max_frame_bytes"),
         Wire.readStr(in, "app_id"),
-        Wire.readStr(in, "secret"));
+        Wire.readStr(in, "client_nonce"));
     if (h.magic != MAGIC) {
       throw new ProtocolException(ErrorCode.UNSUPPORTED_VERSION,
           String.format("bad handshake magic 0x%08x", h.magic));

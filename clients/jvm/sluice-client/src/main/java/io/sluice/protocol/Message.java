@@ -50,6 +50,8 @@ public interface Message {
     PING(4, "Ping", false, f -> Ping.INSTANCE),
     PONG(5, "Pong", false, f -> Pong.INSTANCE),
     OK(6, "Ok", false, f -> Ok.INSTANCE),
+    AUTH_CHALLENGE(7, "AuthChallenge", false, AuthChallenge::decode),
+    AUTH_PROOF(8, "AuthProof", false, AuthProof::decode),
     REGISTER_SERVER(10, "RegisterServer", false, RegisterServer::decode),
     SERVER_HEARTBEAT(11, "ServerHeartbeat", false, ServerHeartbeat::decode),
     REGISTER_APP(12, "RegisterApp", false, RegisterApp::decode),

@@ -28,6 +28,7 @@ class SluiceConfTest {
     SluiceConf c = SluiceConf.fromMap(Map.of(
         "sluice.coordinators", "a:1, b:2",
         "sluice.secret", "s",
+        "sluice.appId", "etl-1",
         "sluice.client.pushBatchBytes", "512k",
         "sluice.client.maxInFlightBytes", "2g",
         "sluice.client.writeBufferHighWatermarkBytes", "64kb",
@@ -35,6 +36,11 @@ class SluiceConfTest {
         "sluice.unknown", "ignored"));
     assertEquals(List.of("a:1", "b:2"), c.coordinators());
     assertEquals("s", c.secret());
+    assertEquals("etl-1", c.appId());
+    // A credential is one application id's: without the id it cannot be used.
+    IllegalArgumentException e = org.junit.jupiter.api.Assertions.assertThrows(
+        IllegalArgumentException.class, () -> SluiceConf.fromMap(Map.of("sluice.secret", "s")));
+    org.junit.jupiter.api.Assertions.assertTrue(e.getMessage().contains("sluice.appId"));
     assertEquals(512 << 10, c.pushBatchBytes());
     assertEquals(2L << 30, c.maxInFlightBytes());
     assertEquals(64 * 1024, c.writeBufferHighWatermarkBytes());

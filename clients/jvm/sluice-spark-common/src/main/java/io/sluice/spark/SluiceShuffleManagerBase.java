@@ -114,7 +114,9 @@ public abstract class SluiceShuffleManagerBase implements ShuffleManager {
         throw new IllegalStateException("registerShuffle called outside the driver");
       }
       SparkEnv env = SparkEnv.get();
-      String appId = SluiceDriver.sluiceAppId(sparkConf.getAppId());
+      // With authentication the launcher fixes the id: the credential is that id's.
+      String fixed = conf.client().appId();
+      String appId = fixed.isEmpty() ? SluiceDriver.sluiceAppId(sparkConf.getAppId()) : fixed;
       driver = new SluiceDriver(conf, appId, factory(appId));
       SluiceDriverEndpoint.start(env, driver);
     }
