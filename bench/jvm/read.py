@@ -12,7 +12,11 @@ compiles through the first rounds, on the same 2 cores). The JVMs get the option
 executors on Java 17 (--add-opens java.nio, io.netty.tryReflectionSetAccessible), which let Netty
 allocate direct memory without zeroing it. Fails when a reader returns other than the bytes pushed.
 
+With `--baseline-classes DIR` (another build's sluice-client target/classes), JVMs of this build
+and of that one alternate, each with both readers, and each build gets its own medians.
+
 Usage: bench/jvm/read.sh [--runs 3] [--rounds 8] [--readers 1] [--json out.json]
+           [--baseline-classes /tmp/main/clients/jvm/sluice-client/target/classes]
            [--settings "sluice.client.fetchPrefetchChunks=8"]
 """
 
@@ -59,6 +63,8 @@ def main():
     ap.add_argument("--settings", default="", help="SluiceConf settings, space-separated k=v")
     ap.add_argument("--jvm-opts", default="", help="extra java options (say a JFR recording)")
     ap.add_argument("--server-set", action="append", default=[], help="server --set k=v")
+    ap.add_argument("--baseline-classes", help="the client's classes of another build (say "
+                    "main's target/classes): its JVMs alternate with this build's")
     ap.add_argument("--json", help="write every round's figures here")
     args = ap.parse_args()
 
@@ -67,36 +73,48 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="sluice-jvm-read-"))
     binary = ROOT / "target/release/sluice"
     cluster = conftest.SluiceCluster(binary, work, servers=1, server_sets=args.server_set)
-    rounds = []
+    builds = {"this build": args.classpath}
+    if args.baseline_classes:
+        mine = "clients/jvm/sluice-client/target/classes"
+        if mine not in args.classpath:
+            raise SystemExit(f"--baseline-classes: {mine} is not on the classpath")
+        builds["baseline"] = args.classpath.replace(mine, args.baseline_classes, 1)
+    rounds = {name: [] for name in builds}
     try:
-        print(f"{'run':>3} {'round':>5} {'load':>5} {'JVM GB/s':>9} {'Rust GB/s':>10} {'ratio':>6}"
-              f" {'JVM CPU s/GB':>13} {'Rust CPU s/GB':>14}", flush=True)
+        print(f"{'build':<10} {'run':>3} {'round':>5} {'load':>5} {'JVM GB/s':>9} {'Rust GB/s':>10}"
+              f" {'ratio':>6} {'JVM CPU s/GB':>13} {'Rust CPU s/GB':>14}", flush=True)
         for i in range(args.runs):
-            at = load()
-            for r in run_jvm(args.classpath, cluster.coordinator, binary, args):
-                r["run"], r["load"] = i + 1, at
-                rounds.append(r)
-                print(f"{i + 1:>3} {r['round']:>5} {at:>5} {r['read_gbps']:>9.2f} "
-                      f"{r['rust_read_gbps']:>10.2f} {r['read_gbps'] / r['rust_read_gbps']:>6.2f} "
-                      f"{r['read_cpu_s_per_gb']:>13.3f} {r['rust_read_cpu_s_per_gb']:>14.3f}",
-                      flush=True)
+            for name, cp in builds.items():
+                at = load()
+                for r in run_jvm(cp, cluster.coordinator, binary, args):
+                    r["run"], r["load"] = i + 1, at
+                    rounds[name].append(r)
+                    print(f"{name:<10} {i + 1:>3} {r['round']:>5} {at:>5} {r['read_gbps']:>9.2f} "
+                          f"{r['rust_read_gbps']:>10.2f} "
+                          f"{r['read_gbps'] / r['rust_read_gbps']:>6.2f} "
+                          f"{r['read_cpu_s_per_gb']:>13.3f} {r['rust_read_cpu_s_per_gb']:>14.3f}",
+                          flush=True)
     finally:
         cluster.stop()
     keys = ("read_gbps", "rust_read_gbps", "read_cpu_s_per_gb", "rust_read_cpu_s_per_gb")
     summary = {}
-    for name, sel in (("all", rounds), ("warm", [r for r in rounds if r["round"] >= args.rounds // 2])):
-        if not sel:
-            continue
-        med = {k: statistics.median(r[k] for r in sel) for k in keys}
-        med["ratio"] = statistics.median(r["read_gbps"] / r["rust_read_gbps"] for r in sel)
-        summary[name] = med
-        what = "all rounds" if name == "all" else f"rounds {args.rounds // 2}+ of each JVM (warm)"
-        print(f"\nmedian of {len(sel)} rounds, {what}; {args.readers} reader(s) at a time, "
-              f"{rounds[0]['bytes'] / 1e9:.2f} GB per shuffle:")
-        print(f"  JVM reader  {med['read_gbps']:.2f} GB/s at {med['read_cpu_s_per_gb']:.3f} CPU s/GB")
-        print(f"  Rust reader {med['rust_read_gbps']:.2f} GB/s at "
-              f"{med['rust_read_cpu_s_per_gb']:.3f} CPU s/GB")
-        print(f"  JVM / Rust  {med['ratio']:.2f}x GB/s (median of per-round ratios; target >= 0.9)")
+    for build, got in rounds.items():
+        half = args.rounds // 2
+        for name, sel in (("all", got), ("warm", [r for r in got if r["round"] >= half])):
+            if not sel:
+                continue
+            med = {k: statistics.median(r[k] for r in sel) for k in keys}
+            med["ratio"] = statistics.median(r["read_gbps"] / r["rust_read_gbps"] for r in sel)
+            summary[f"{build}, {name}"] = med
+            what = "all rounds" if name == "all" else f"rounds {half}+ of each JVM (warm)"
+            print(f"\n{build}: median of {len(sel)} rounds, {what}; {args.readers} reader(s) at a "
+                  f"time, {sel[0]['bytes'] / 1e9:.2f} GB per shuffle:")
+            print(f"  JVM reader  {med['read_gbps']:.2f} GB/s at {med['read_cpu_s_per_gb']:.3f} "
+                  "CPU s/GB")
+            print(f"  Rust reader {med['rust_read_gbps']:.2f} GB/s at "
+                  f"{med['rust_read_cpu_s_per_gb']:.3f} CPU s/GB")
+            print(f"  JVM / Rust  {med['ratio']:.2f}x GB/s (median of per-round ratios; "
+                  "target >= 0.9)")
     if args.json:
         Path(args.json).write_text(json.dumps({"median": summary, "rounds": rounds},
                                               indent=1))

@@ -1,5 +1,6 @@
 //! `sluice bench …`: end-to-end figures, each measured beside its baseline in the same run.
 
+pub mod connections;
 pub mod push_baseline;
 pub mod shuffle;
 pub mod transport;
@@ -15,6 +16,8 @@ pub enum BenchCommand {
     Push(shuffle::ShuffleBenchArgs),
     /// Fetch committed data: sendfile server beside a copy-path server.
     Fetch(shuffle::ShuffleBenchArgs),
+    /// Many clients at once (10, 100, 1,000 connections): throughput and server RSS per count.
+    Connections(connections::ConnArgs),
     /// Read a committed shuffle of a running cluster with the Rust client (bench/jvm's baseline).
     #[command(hide = true)]
     Read(shuffle::ReadArgs),
@@ -33,6 +36,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::TransportServer(args) => transport::run_server(args),
         BenchCommand::Push(args) => runtime()?.block_on(shuffle::push(args)),
         BenchCommand::Fetch(args) => runtime()?.block_on(shuffle::fetch(args)),
+        BenchCommand::Connections(args) => runtime()?.block_on(connections::run(args)),
         BenchCommand::PushSink(args) => push_baseline::run_sink(args),
         BenchCommand::Read(args) => runtime()?.block_on(shuffle::read(args)),
     }

@@ -40,7 +40,7 @@ pub struct ShuffleBenchArgs {
     pub json: bool,
 }
 
-fn payload(bytes: usize) -> Vec<u8> {
+pub(crate) fn payload(bytes: usize) -> Vec<u8> {
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     (0..bytes)
         .map(|_| {
