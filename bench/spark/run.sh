@@ -16,4 +16,4 @@ if [[ "${SLUICE_SPARK_SKIP_BUILD:-0}" != 1 ]]; then
   (cd clients/jvm && mvn -q -B install -DskipTests)
 fi
 export SPARK_LOCAL_IP=127.0.0.1
-exec .venv/spark4/bin/python bench/spark/bench.py "$@"
+exec .venv/spark4/bin/python "bench/spark/${SLUICE_SPARK_BENCH_SCRIPT:-bench.py}" "$@"
