@@ -12,7 +12,9 @@
 #                    2.12; the server speaks the same protocol to every client)
 #   CELEBORN_MVN_ARGS extra Maven arguments of the server build (default
 #                    -Dmaven.plugin.silencer.version=1.7.17: the mirror lacks the silencer
-#                    compiler plugin version the tags name for Scala 2.12.18)
+#                    compiler plugin version the tags name for Scala 2.12.18. -Dstyle.color=never
+#                    is always added: make-distribution.sh reads the version from Maven's output,
+#                    which Maven 3.8 colours)
 #   CELEBORN_CLIENT  the client artifact on Maven Central (default
 #                    celeborn-client-spark-3-shaded_2.12; a Spark 4 one is
 #                    celeborn-client-spark-4-shaded_2.13, from 0.6.0)
@@ -48,7 +50,7 @@ fi
 DIST="$SRC/dist"
 if [[ ! -x "$DIST/sbin/start-master.sh" ]]; then
   echo "building Celeborn $VERSION's server (profile: ${PROFILE:-default}), log: $WORK/build.log"
-  (cd "$SRC" && ./build/make-distribution.sh --mvn mvn ${PROFILE:+"-P$PROFILE"} $MVN_ARGS) \
+  (cd "$SRC" && ./build/make-distribution.sh --mvn mvn ${PROFILE:+"-P$PROFILE"} -Dstyle.color=never $MVN_ARGS) \
     > "$WORK/build.log" 2>&1 \
     || { echo "celeborn setup: the build failed; the end of $WORK/build.log:" >&2
          tail -30 "$WORK/build.log" >&2; exit 1; }
