@@ -1,7 +1,8 @@
 """An Apache Celeborn cluster on 127.0.0.1 for the Spark benchmarks: one master and N workers,
 each a java process of its own started from a distribution that bench/celeborn/setup.sh built
-(CELEBORN_HOME), with equal memory per worker (heap + direct memory: the off-heap budget
-Celeborn keeps pushed data in, set to what each Sluice server gets). Not used by any test.
+(CELEBORN_HOME), with equal memory per worker: direct memory (what Celeborn keeps pushed data
+in) equal to a Sluice server's default memory budget, 1 GiB, plus 512 MiB of heap. Not used by
+any test.
 """
 
 import os
@@ -39,7 +40,7 @@ def require():
 
 
 class CelebornCluster:
-    def __init__(self, work, workers=2, worker_offheap="256m", worker_heap="512m"):
+    def __init__(self, work, workers=2, worker_offheap="1g", worker_heap="512m"):
         self.home, self.client_jar = require()
         self.work = Path(work)
         self.work.mkdir(parents=True, exist_ok=True)
