@@ -42,14 +42,20 @@ def run_jvm(java_cp, coordinator, args, settings):
     return total
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parser(doc, runs_help, rounds):
+    """The flags PushBench's drivers share (this one and bench/jvm/read.py)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--classpath", required=True, help="PushBench's classpath")
-    ap.add_argument("--runs", type=int, default=3, help="JVMs per setting (alternating)")
-    ap.add_argument("--rounds", type=int, default=3, help="shuffles per JVM")
+    ap.add_argument("--runs", type=int, default=3, help=runs_help)
+    ap.add_argument("--rounds", type=int, default=rounds, help="shuffles per JVM")
     ap.add_argument("--maps", type=int, default=8, help="map tasks per shuffle, one at a time")
     ap.add_argument("--map-mib", type=int, default=48, help="MiB each map pushes")
     ap.add_argument("--batch-kib", type=int, default=150, help="KiB per batch")
+    return ap
+
+
+def main():
+    ap = parser(__doc__, "JVMs per setting (alternating)", 3)
     ap.add_argument("--baseline", default="sluice.client.pushBatchBytes=256k",
                     help="SluiceConf settings of the baseline, space-separated key=value")
     ap.add_argument("--candidate", default="", help="settings of the candidate (default: none)")

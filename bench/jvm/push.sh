@@ -13,4 +13,4 @@ CP_FILE="clients/jvm/sluice-client/target/bench.classpath"
 (cd clients/jvm/sluice-client && mvn -q -B dependency:build-classpath \
   -Dmdep.outputFile=target/bench.classpath -Dmdep.includeScope=test)
 CP="clients/jvm/sluice-client/target/classes:clients/jvm/sluice-client/target/test-classes:$(cat "$CP_FILE")"
-exec python3 bench/jvm/push.py --classpath "$CP" "$@"
+exec python3 "bench/jvm/${SLUICE_JVM_BENCH_SCRIPT:-push.py}" --classpath "$CP" "$@"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Spark shuffle benchmark, built-in vs Sluice, on Spark 4.3 (see bench/spark/bench.py).
 # Usage: bench/spark/run.sh [--runs 3] [--max-load 1.0] [--load-wait 300] [--json out.json]
+#   SLUICE_SPARK_VENV=spark35 runs on Spark 3.5 instead of 4.3.
 #   SLUICE_SPARK_SKIP_BUILD=1 reuses the existing sluice binary and plugin jars.
 #   SLUICE_BENCH_QUERIES=order_by,repart runs only those queries.
 #   SLUICE_BENCH_CONF="spark.k=v ..." adds Spark settings to every run (both modes).
@@ -10,10 +11,11 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 
-tests/spark/setup.sh spark4
+VENV="${SLUICE_SPARK_VENV:-spark4}"   # spark35: Spark 3.5 (the Celeborn runs, bench/celeborn)
+tests/spark/setup.sh "$VENV"
 if [[ "${SLUICE_SPARK_SKIP_BUILD:-0}" != 1 ]]; then
   cargo build --release -p sluice
   (cd clients/jvm && mvn -q -B install -DskipTests)
 fi
 export SPARK_LOCAL_IP=127.0.0.1
-exec .venv/spark4/bin/python bench/spark/bench.py "$@"
+exec ".venv/$VENV/bin/python" "bench/spark/${SLUICE_SPARK_BENCH_SCRIPT:-bench.py}" "$@"

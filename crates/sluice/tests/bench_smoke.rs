@@ -66,3 +66,50 @@ fn bench_transport_reports_each_path_it_measured() {
         assert!(cold(k) > 0.0 && cold(k).is_finite(), "cold.{k} in {j}");
     }
 }
+
+fn bench_json(args: &[&str]) -> serde_json::Value {
+    let argv: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    let out = run_sluice(&argv, Duration::from_secs(180));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("{e}: not one JSON object: {stdout}"))
+}
+
+#[test]
+fn bench_push_measures_the_kernel_baseline_beside_the_server() {
+    let j = bench_json(&["bench", "push", "--json", "--bytes", "48M", "--memory-budget", "16M"]);
+    let n = |k: &str| j[k].as_f64().unwrap_or_else(|| panic!("no number {k} in {j}"));
+    assert!(n("stored_bytes") >= n("bytes") && n("bytes") >= 40.0 * 1048576.0, "{j}");
+    for k in ["ingest_gbps", "server_cpu_s_per_gb", "baseline_gbps", "cpu_ratio"] {
+        assert!(n(k) > 0.0 && n(k).is_finite(), "{k} in {j}");
+    }
+    // The sink's CPU is counted in clock ticks: at this size it may round to 0, never below.
+    assert!(n("baseline_cpu_s_per_gb") >= 0.0, "{j}");
+}
+
+#[test]
+fn bench_connections_reads_back_every_byte_at_each_count() {
+    let j = bench_json(&[
+        "bench",
+        "connections",
+        "--json",
+        "--counts",
+        "2,40",
+        "--bytes",
+        "20M",
+        "--memory-budget",
+        "32M",
+    ]);
+    let rows = j["rows"].as_array().unwrap_or_else(|| panic!("no rows in {j}"));
+    assert_eq!(rows.len(), 2, "{j}");
+    for (r, want) in rows.iter().zip([2u64, 40]) {
+        let n = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("no number {k} in {r}"));
+        assert_eq!(r["connections"].as_u64(), Some(want), "{r}");
+        // (The bench itself fails when a reader gets other than the bytes pushed.)
+        assert!(n("bytes") > 0.0 && n("push_gbps") > 0.0 && n("fetch_gbps") > 0.0, "{r}");
+        assert!(n("server_peak_rss_bytes") > 0.0 && n("server_threads") >= 1.0, "{r}");
+        let allowed = (32u64 << 20) + (64 << 20) + (64 << 10) * want;
+        assert_eq!(r["rss_allowed_bytes"].as_u64(), Some(allowed), "{r}");
+    }
+    assert_eq!(rows[0]["push_vs_first"].as_f64(), Some(1.0), "{j}");
+}

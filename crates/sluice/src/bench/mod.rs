@@ -1,5 +1,7 @@
 //! `sluice bench …`: end-to-end figures, each measured beside its baseline in the same run.
 
+pub mod connections;
+pub mod push_baseline;
 pub mod shuffle;
 pub mod transport;
 
@@ -14,6 +16,14 @@ pub enum BenchCommand {
     Push(shuffle::ShuffleBenchArgs),
     /// Fetch committed data: sendfile server beside a copy-path server.
     Fetch(shuffle::ShuffleBenchArgs),
+    /// Many clients at once (10, 100, 1,000 connections): throughput and server RSS per count.
+    Connections(connections::ConnArgs),
+    /// Read a committed shuffle of a running cluster with the Rust client (bench/jvm's baseline).
+    #[command(hide = true)]
+    Read(shuffle::ReadArgs),
+    /// The kernel baseline's sink of `bench push` (started by it; not for direct use).
+    #[command(hide = true)]
+    PushSink(push_baseline::SinkArgs),
     /// The server process of `bench transport` (started by it; not for direct use).
     #[command(hide = true)]
     TransportServer(transport::ServerArgs),
@@ -26,6 +36,9 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::TransportServer(args) => transport::run_server(args),
         BenchCommand::Push(args) => runtime()?.block_on(shuffle::push(args)),
         BenchCommand::Fetch(args) => runtime()?.block_on(shuffle::fetch(args)),
+        BenchCommand::Connections(args) => runtime()?.block_on(connections::run(args)),
+        BenchCommand::PushSink(args) => push_baseline::run_sink(args),
+        BenchCommand::Read(args) => runtime()?.block_on(shuffle::read(args)),
     }
 }
 

@@ -40,7 +40,7 @@ pub struct ShuffleBenchArgs {
     pub json: bool,
 }
 
-fn payload(bytes: usize) -> Vec<u8> {
+pub(crate) fn payload(bytes: usize) -> Vec<u8> {
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     (0..bytes)
         .map(|_| {
@@ -123,34 +123,86 @@ pub async fn push(args: ShuffleBenchArgs) -> anyhow::Result<()> {
     let cpu = cpu_seconds(server(&cluster).pid()) - cpu0;
     let sizes = client.commit_shuffle(&a).await?;
     let stored: u64 = sizes.iter().sum();
+    let peak_rss = server(&cluster).peak_rss_bytes();
+    drop(cluster);
+    // The kernel baseline: the same bytes over as many connections as writers, in writes of a
+    // push frame's size, into a blocking read-and-write loop; a warm-up of the same size first.
+    let frame = client.options().push_frame_bytes.max(args.batch_bytes as usize);
+    let (base_s, base_cpu) = tokio::task::spawn_blocking({
+        let (maps, bytes, warm) = (args.maps, bytes, warm_args.bytes);
+        let dir = root.clone().unwrap_or_else(std::env::temp_dir);
+        move || push_baseline_run(&dir, maps, bytes, warm, frame)
+    })
+    .await??;
+    let gb = bytes as f64 / 1e9;
+    let (cpu_gb, base_cpu_gb) = (cpu / gb, base_cpu / gb);
     let out = json!({
         "bench": "push",
         "bytes": bytes,
         "stored_bytes": stored,
         "seconds": s,
-        "ingest_gbps": bytes as f64 / s / 1e9,
-        "server_cpu_s_per_gb": cpu / (bytes as f64 / 1e9),
-        "server_peak_rss_bytes": server(&cluster).peak_rss_bytes(),
+        "ingest_gbps": gb / s,
+        "server_cpu_s_per_gb": cpu_gb,
+        "server_peak_rss_bytes": peak_rss,
+        "baseline_gbps": gb / base_s,
+        "baseline_cpu_s_per_gb": base_cpu_gb,
+        "cpu_ratio": cpu_gb / base_cpu_gb.max(1e-9),
         "memory_budget_bytes": args.memory_budget,
         "data_on_tmpfs": root.is_some(),
         "writers": args.maps,
         "warm_up_bytes": warm_args.bytes,
+        "load": super::transport::loadavg(),
     });
     if args.json {
         println!("{out}");
     } else {
         println!(
-            "bench push: {} writers → 1 server (data on {}; after a {:.2} GiB warm-up)",
+            "bench push: {} writers → 1 server (data on {}; after a {:.2} GiB warm-up), load {}",
             args.maps,
             if root.is_some() { "tmpfs" } else { "disk" },
-            warm_args.bytes as f64 / (1u64 << 30) as f64
+            warm_args.bytes as f64 / (1u64 << 30) as f64,
+            out["load"].as_str().unwrap_or("?"),
         );
-        println!("  pushed {:.2} GiB in {s:.2} s: {:.2} GB/s ingest, server {:.3} CPU s/GB, peak RSS {:.0} MiB",
-            bytes as f64 / (1u64 << 30) as f64, out["ingest_gbps"].as_f64().unwrap_or(0.0),
-            out["server_cpu_s_per_gb"].as_f64().unwrap_or(0.0), server(&cluster).peak_rss_bytes() as f64 / 1048576.0);
+        println!(
+            "  {:<44} {:>6.2} GB/s  {:>6.3} CPU s/GB  peak RSS {:.0} MiB",
+            "sluice server",
+            gb / s,
+            cpu_gb,
+            peak_rss as f64 / 1048576.0
+        );
+        println!(
+            "  {:<44} {:>6.2} GB/s  {:>6.3} CPU s/GB",
+            "kernel baseline (blocking recv + write loop)",
+            gb / base_s,
+            base_cpu_gb
+        );
+        println!(
+            "  server CPU / baseline CPU: {:.2}x (target <= 1.5)",
+            out["cpu_ratio"].as_f64().unwrap_or(0.0)
+        );
     }
     anyhow::ensure!(stored >= bytes, "server stored {stored} bytes of {bytes} pushed");
     Ok(())
+}
+
+/// The kernel baseline of `bench push` (see `push_baseline`): a warm-up pass of `warm` bytes, then
+/// `bytes` measured; returns (seconds, the sink's CPU seconds) of the measured pass.
+fn push_baseline_run(
+    dir: &std::path::Path,
+    conns: u32,
+    bytes: u64,
+    warm: u64,
+    frame: usize,
+) -> anyhow::Result<(f64, f64)> {
+    let dir = tempfile::Builder::new().prefix("sluice-push-sink-").tempdir_in(dir)?;
+    let sink = super::push_baseline::Sink::start(dir.path(), frame)?;
+    let data = payload(frame);
+    sink.send(conns, warm, frame, &data)?;
+    let cpu0 = sink.cpu_seconds();
+    let t = Instant::now();
+    sink.send(conns, bytes, frame, &data)?;
+    let s = secs(t);
+    Ok((s, sink.cpu_seconds() - cpu0))
 }
 
 /// Reads every partition of a committed shuffle; returns (bytes, seconds, server CPU seconds).
@@ -245,5 +297,72 @@ pub async fn fetch(args: ShuffleBenchArgs) -> anyhow::Result<()> {
         println!("  tls/sendfile  {:>6.2}x {:>13.2}x", t.1 / z.1, t.2 / z.2.max(1e-9));
         println!("  tls path: {}", out["tls_path"].as_str().unwrap_or(""));
     }
+    Ok(())
+}
+
+/// Flags of `sluice bench read`.
+#[derive(Args, Debug, Clone)]
+pub struct ReadArgs {
+    /// The coordinator that assigned the shuffle (host:port).
+    #[arg(long)]
+    pub coordinator: String,
+    /// The application the shuffle belongs to.
+    #[arg(long)]
+    pub app: String,
+    /// The committed shuffle to read.
+    #[arg(long)]
+    pub shuffle: u32,
+    /// Its map count: every partition is read over maps `[0, maps)`.
+    #[arg(long)]
+    pub maps: u32,
+    /// Partitions read at once.
+    #[arg(long, default_value_t = 1)]
+    pub readers: usize,
+}
+
+/// `sluice bench read`: reads every partition of a shuffle another client pushed and committed
+/// (the JVM reader's baseline in `bench/jvm`, on the same shuffle in the same run). Prints one
+/// JSON object: bytes, GB/s and this process's CPU seconds per GB, counted over the reads only.
+pub async fn read(args: ReadArgs) -> anyhow::Result<()> {
+    let opts = sluice_client::ClientOptions {
+        coordinators: vec![args.coordinator.clone()],
+        ..Default::default()
+    };
+    let client = ShuffleClient::new(args.app.clone(), opts);
+    let get =
+        sluice_proto::message::GetAssignment { app_id: args.app.clone(), shuffle_id: args.shuffle };
+    let sluice_proto::message::Message::Assignment(a) =
+        client.coordinator_request(get.into()).await?
+    else {
+        anyhow::bail!("the coordinator answered GetAssignment with something else");
+    };
+    let partitions = a.partitions.len() as u32;
+    let shape = ShuffleBenchArgs {
+        bytes: 0,
+        maps: args.maps,
+        partitions,
+        batch_bytes: 1,
+        memory_budget: 0,
+        readers: args.readers.max(1),
+        json: true,
+    };
+    let pid = std::process::id();
+    let cpu0 = cpu_seconds(pid);
+    let t = Instant::now();
+    let bytes = read_batches(&client, &a, &shape).await?;
+    let s = secs(t);
+    let cpu = cpu_seconds(pid) - cpu0;
+    println!(
+        "{}",
+        json!({
+            "bench": "read",
+            "bytes": bytes,
+            "seconds": s,
+            "gbps": bytes as f64 / s / 1e9,
+            "cpu_s_per_gb": cpu / (bytes.max(1) as f64 / 1e9),
+            "partitions": partitions,
+            "readers": shape.readers,
+        })
+    );
     Ok(())
 }

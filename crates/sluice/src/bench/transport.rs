@@ -1055,7 +1055,8 @@ fn warm(path: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn loadavg() -> String {
+/// The load averages (1, 5, 15 minutes), as `/proc/loadavg` gives them.
+pub(crate) fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()

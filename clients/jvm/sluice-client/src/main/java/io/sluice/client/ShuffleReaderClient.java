@@ -250,6 +250,9 @@ public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseab
         firstChunkWaitNanos = waited;
       }
     }
+    // Refill the window before this chunk is verified and consumed, so that prefetchChunks
+    // requests stay in flight meanwhile (as the Rust reader does).
+    requestAhead();
     int index = nextToConsume;
     try {
       take(frame, index);

@@ -39,6 +39,7 @@ import java.util.Map;
  * <tr><td>sluice.client.ioThreads</td><td>min(4, cores)</td><td>Netty event-loop threads</td></tr>
  * <tr><td>sluice.client.writeBufferHighWatermarkBytes</td><td>2m</td><td>a channel stops being writable above this much queued output</td></tr>
  * <tr><td>sluice.client.writeBufferLowWatermarkBytes</td><td>1m</td><td>and is writable again below this</td></tr>
+ * <tr><td>sluice.client.maxReadBytes</td><td>1m</td><td>the most one socket read takes in (Netty's read buffers grow to it while reads fill them)</td></tr>
  * <tr><td>sluice.client.preferEpoll</td><td>true</td><td>use native epoll when it loads</td></tr>
  * </table>
  */
@@ -65,6 +66,7 @@ public final class SluiceConf {
   private final int reconnectBackoffMs;
   private final int reconnectBackoffMaxMs;
   private final int ioThreads;
+  private final int maxReadBytes;
   private final int writeBufferHighWatermarkBytes;
   private final int writeBufferLowWatermarkBytes;
   private final boolean preferEpoll;
@@ -122,6 +124,7 @@ public final class SluiceConf {
     this.writeBufferLowWatermarkBytes =
         (int) bytesIn("sluice.client.writeBufferLowWatermarkBytes", 1L << 20, 0,
             writeBufferHighWatermarkBytes);
+    this.maxReadBytes = (int) bytesIn("sluice.client.maxReadBytes", 1L << 20, 4L << 10, 64L << 20);
     this.preferEpoll = bool("sluice.client.preferEpoll", true);
   }
 
@@ -297,6 +300,10 @@ public final class SluiceConf {
 
   public int writeBufferLowWatermarkBytes() {
     return writeBufferLowWatermarkBytes;
+  }
+
+  public int maxReadBytes() {
+    return maxReadBytes;
   }
 
   public boolean preferEpoll() {

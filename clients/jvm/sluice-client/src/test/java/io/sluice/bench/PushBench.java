@@ -12,6 +12,8 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Random;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicLong;
 
 /**
  * The JVM client's push path in one fresh JVM, as a Spark map stage drives it: {@code maps} map
@@ -31,39 +33,99 @@ public final class PushBench {
   private PushBench() {}
 
   /**
-   * Reads every partition back, one reader at a time as reduce tasks do; returns JSON fields:
-   * GB/s, the time spent inside the reader's hasNext/next (what Spark reports as fetch wait) and
-   * the part of it the reader spent waiting for chunks.
+   * Reads every partition back, {@code readers} partitions at a time, each through its own
+   * reader as reduce tasks do; returns JSON fields: GB/s, the process's CPU seconds per GB over the
+   * read (every thread: readers, event loops, JIT, GC), the time spent inside the readers'
+   * hasNext/next (what Spark reports as fetch wait) and the part of it spent waiting for chunks.
    */
   private static String read(TransportClientFactory factory, SluiceConf conf, String app,
-      int shuffleId, ShuffleAssignment a, int maps, int partitions) {
-    long inReader = 0;
-    long waits = 0;
-    long bytes = 0;
+      int shuffleId, ShuffleAssignment a, int maps, int partitions, int readers)
+      throws InterruptedException {
+    var os = (com.sun.management.OperatingSystemMXBean)
+        ManagementFactory.getOperatingSystemMXBean();
+    AtomicLong inReader = new AtomicLong();
+    AtomicLong waits = new AtomicLong();
+    AtomicLong bytes = new AtomicLong();
+    AtomicInteger next = new AtomicInteger();
+    List<Throwable> failed = java.util.Collections.synchronizedList(new ArrayList<>());
+    long cpu0 = os.getProcessCpuTime();
     long t0 = System.nanoTime();
-    for (int p = 0; p < partitions; p++) {
-      try (ShuffleReaderClient r = new ShuffleReaderClient(factory, conf, app, shuffleId, a, p, 0,
-          maps)) {
-        while (true) {
-          long s = System.nanoTime();
-          boolean more = r.hasNext();
-          io.netty.buffer.ByteBuf b = more ? r.next() : null;
-          inReader += System.nanoTime() - s;
-          if (!more) {
-            break;
+    List<Thread> threads = new ArrayList<>();
+    for (int t = 0; t < readers; t++) {
+      Thread th = new Thread(() -> {
+        try {
+          for (int p = next.getAndIncrement(); p < partitions; p = next.getAndIncrement()) {
+            try (ShuffleReaderClient r = new ShuffleReaderClient(factory, conf, app, shuffleId,
+                a, p, 0, maps)) {
+              long mine = 0;
+              long in = 0;
+              while (true) {
+                long s = System.nanoTime();
+                boolean more = r.hasNext();
+                io.netty.buffer.ByteBuf b = more ? r.next() : null;
+                in += System.nanoTime() - s;
+                if (!more) {
+                  break;
+                }
+                mine += b.readableBytes();
+              }
+              bytes.addAndGet(mine);
+              inReader.addAndGet(in);
+              waits.addAndGet(r.fetchWaitNanos());
+            }
           }
-          bytes += b.readableBytes();
+        } catch (Throwable e) {
+          failed.add(e);
         }
-        waits += r.fetchWaitNanos();
-      }
+      }, "bench-reader-" + t);
+      th.start();
+      threads.add(th);
+    }
+    for (Thread t : threads) {
+      t.join();
+    }
+    if (!failed.isEmpty()) {
+      throw new IllegalStateException("a reader failed", failed.get(0));
     }
     double wallS = (System.nanoTime() - t0) / 1e9;
-    return String.format(java.util.Locale.ROOT, ", \"read_gbps\": %.3f, \"in_reader_ms\": %d, "
-        + "\"reader_waits_ms\": %d", bytes / wallS / 1e9, inReader / 1_000_000,
-        waits / 1_000_000);
+    double cpuS = (os.getProcessCpuTime() - cpu0) / 1e9;
+    return String.format(java.util.Locale.ROOT, "\"read_bytes\": %d, \"read_gbps\": %.3f, "
+        + "\"read_cpu_s_per_gb\": %.3f, \"in_reader_ms\": %d, \"reader_waits_ms\": %d",
+        bytes.get(), bytes.get() / wallS / 1e9, cpuS / (bytes.get() / 1e9),
+        inReader.get() / 1_000_000, waits.get() / 1_000_000);
   }
 
-  public static void main(String[] args) {
+  /**
+   * Reads the same committed shuffle with the Rust client ({@code sluice bench read}) in a
+   * process of its own; returns its JSON fields renamed {@code rust_*}.
+   */
+  private static String readWithRust(String sluice, String coordinator, String app,
+      int shuffleId, int maps, int readers) throws java.io.IOException, InterruptedException {
+    Process p = new ProcessBuilder(sluice, "bench", "read", "--coordinator", coordinator,
+        "--app", app, "--shuffle", Integer.toString(shuffleId), "--maps",
+        Integer.toString(maps), "--readers", Integer.toString(readers))
+        .redirectError(ProcessBuilder.Redirect.INHERIT).start();
+    String out = new String(p.getInputStream().readAllBytes(),
+        java.nio.charset.StandardCharsets.UTF_8).trim();
+    if (p.waitFor() != 0 || !out.startsWith("{")) {
+      throw new IllegalStateException("sluice bench read failed (exit " + p.exitValue() + "): "
+          + out);
+    }
+    return String.format(java.util.Locale.ROOT, "\"rust_read_bytes\": %s, "
+        + "\"rust_read_gbps\": %s, \"rust_read_cpu_s_per_gb\": %s", field(out, "bytes"),
+        field(out, "gbps"), field(out, "cpu_s_per_gb"));
+  }
+
+  /** A number field of a flat JSON object. */
+  private static String field(String json, String key) {
+    var m = java.util.regex.Pattern.compile("\"" + key + "\":\\s*([0-9.eE+-]+)").matcher(json);
+    if (!m.find()) {
+      throw new IllegalStateException("no " + key + " in " + json);
+    }
+    return m.group(1);
+  }
+
+  public static void main(String[] args) throws Exception {
     String coordinator = args[0];
     int rounds = Integer.parseInt(args[1]);
     int maps = Integer.parseInt(args[2]);
@@ -76,6 +138,9 @@ public final class PushBench {
       settings.put(kv[0], kv[1]);
     }
     String readOnly = settings.remove("read");
+    String rustReader = settings.remove("rust");
+    int readers = Integer.parseInt(settings.getOrDefault("readers", "1"));
+    settings.remove("readers");
     SluiceConf conf = SluiceConf.fromMap(settings);
     String app = "push-bench-" + ProcessHandle.current().pid();
     // A few distinct payloads, so no batch is a copy of the one before it.
@@ -123,7 +188,22 @@ public final class PushBench {
           throw new IllegalStateException("the servers stored " + storedBytes + " bytes of "
               + bytes + " pushed");
         }
-        String read = readOnly == null ? "" : read(factory, conf, app, r, a, maps, partitions);
+        String read = "";
+        if (readOnly != null) {
+          // Both readers on the same committed shuffle, the first alternating by round.
+          String jvmRead = null;
+          String rustRead = null;
+          for (int turn = 0; turn < 2; turn++) {
+            boolean jvmTurn = (turn + r) % 2 == 0;
+            if (jvmTurn) {
+              jvmRead = read(factory, conf, app, r, a, maps, partitions, readers);
+            } else if (rustReader != null) {
+              rustRead = readWithRust(rustReader, coordinator, app, r, maps, readers);
+            }
+          }
+          read = ", " + jvmRead + (rustRead == null ? "" : ", " + rustRead)
+              + ", \"readers\": " + readers;
+        }
         coord.unregisterShuffle(app, a);
         totalBytes += bytes;
         totalWallS += wallS;

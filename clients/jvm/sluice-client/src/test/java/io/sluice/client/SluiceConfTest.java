@@ -19,6 +19,9 @@ class SluiceConfTest {
     assertEquals(64L << 20, c.maxInFlightBytes());
     assertEquals(64 << 20, c.maxFrameBytes());
     assertEquals(4, c.fetchPrefetchChunks());
+    assertEquals(1 << 20, c.maxReadBytes());
+    assertEquals(64 << 10, SluiceConf.fromMap(Map.of("sluice.client.maxReadBytes", "64k"))
+        .maxReadBytes());
     assertEquals("", c.secret());
     assertEquals(List.of(), c.coordinators());
   }
@@ -57,6 +60,8 @@ class SluiceConfTest {
         () -> SluiceConf.fromMap(Map.of("sluice.client.requestTimeoutMs", "soon")));
     assertThrows(IllegalArgumentException.class,
         () -> SluiceConf.fromMap(Map.of("sluice.client.preferEpoll", "maybe")));
+    assertThrows(IllegalArgumentException.class,
+        () -> SluiceConf.fromMap(Map.of("sluice.client.maxReadBytes", "1k")));
     // A push batch must fit well inside a frame.
     assertThrows(IllegalArgumentException.class,
         () -> SluiceConf.fromMap(Map.of("sluice.client.pushBatchBytes", "64m")));

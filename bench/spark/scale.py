@@ -1,0 +1,240 @@
+"""Spark at scale: one shuffle job at a series of points (shuffled GiB, reduce partitions, map
+tasks), the built-in shuffle against Sluice (and Apache Celeborn with --celeborn), alternating
+applications at each point. Per point and mode: the medians of the map stage, the reduce stage
+and the job, the reduce stage's fetch wait, the executors' CPU, the shuffle servers' CPU, and
+the servers' peak RSS (VmHWM; a fresh Sluice cluster, and Celeborn cluster, per point).
+
+The job: spark.range(rows, numPartitions=maps) with a 64-character hex column (sha2 of the id),
+.repartition(partitions, "id"), written to the `noop` sink. rows = GiB * 2^30 / 100 (a row is
+about 100 bytes in Spark's shuffle format before compression); the shuffled bytes reported are
+the event log's (after Spark's lz4 compression). AQE off, so every mode runs the same plan.
+Spark: a standalone master and two 1-core workers (3 GiB each) on 127.0.0.1 / 127.0.0.2, as
+bench/spark/bench.py. Sluice: a coordinator and 2 servers, defaults. Celeborn: a master and 2
+workers, each with 256 MiB of direct memory, Sluice's default memory budget (bench/celeborn/).
+
+Usage: bench/spark/scale.sh [--points 1:200:200,1:2000:200,...] [--runs 3] [--celeborn]
+           [--max-load 1.5] [--load-wait 120] [--json out.json]
+The default points are the issue's series (1, 4, 8 GiB; 200, 2,000, 10,000 partitions; up to
+2,000 maps); on a 2-core machine the 8 GiB points take tens of minutes per application.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "spark"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT / "bench" / "celeborn"))
+
+import bench  # noqa: E402  (bench/spark/bench.py: conf, load waits, CPU sampling)
+
+DEFAULT_POINTS = ("1:200:200,1:2000:200,1:10000:200,4:200:1000,4:2000:1000,4:10000:1000,"
+                  "8:2000:2000,8:10000:2000")
+ROW_BYTES = 100
+
+
+def parse_points(text):
+    points = []
+    for p in text.split(","):
+        gib, parts, maps = p.split(":")
+        points.append((float(gib), int(parts), int(maps)))
+    return points
+
+
+def stage_rows(events_dir, group="scale"):
+    """Every stage of the job group, with duration, tasks, shuffle bytes, CPU and fetch wait."""
+    from conftest import EventLog
+
+    events = EventLog(Path(events_dir)).job_group(group, timeout=120)
+    stages = []
+    for s in sorted((e["Stage Info"] for e in events
+                     if e["Event"] == "SparkListenerStageCompleted"),
+                    key=lambda s: s["Stage ID"]):
+        write = read = cpu_ns = wait_ms = 0
+        for e in events:
+            if e["Event"] == "SparkListenerTaskEnd" and e["Stage ID"] == s["Stage ID"]:
+                m = e.get("Task Metrics") or {}
+                write += m.get("Shuffle Write Metrics", {}).get("Shuffle Bytes Written", 0)
+                r = m.get("Shuffle Read Metrics", {})
+                read += r.get("Remote Bytes Read", 0) + r.get("Local Bytes Read", 0)
+                wait_ms += r.get("Fetch Wait Time", 0)
+                cpu_ns += m.get("Executor CPU Time", 0)
+        stages.append({"name": s["Stage Name"], "tasks": s["Number of Tasks"],
+                       "seconds": (s["Completion Time"] - s["Submission Time"]) / 1000,
+                       "submitted_ms": s["Submission Time"], "completed_ms": s["Completion Time"],
+                       "shuffle_write": write, "shuffle_read": read,
+                       "executor_cpu_s": cpu_ns / 1e9, "fetch_wait_s": wait_ms / 1000})
+    return stages
+
+
+def child(args):
+    import conftest
+    from pyspark.sql import functions as F
+
+    events = Path(tempfile.mkdtemp(prefix=f"sluice-scale-{args.mode}-"))
+    conf = bench.app_conf("sluice" if args.mode == "sluice" else "builtin", args.master,
+                          args.coordinator, events)
+    conf.update(json.loads(args.extra_conf))
+    conf["spark.sql.shuffle.partitions"] = str(args.partitions)
+    spark = conftest.start_app(f"sluice-scale-{args.mode}", conf, events)
+    try:
+        rows = int(args.gib * (1 << 30) / ROW_BYTES)
+        df = (spark.range(0, rows, 1, args.maps)
+              .select("id", F.sha2(F.col("id").cast("string"), 256).alias("s")))
+        spark.sparkContext.setJobGroup("scale", "scale")
+        start = time.monotonic()
+        df.repartition(args.partitions, "id").write.format("noop").mode("overwrite").save()
+        wall = time.monotonic() - start
+        stages = stage_rows(events)
+    finally:
+        spark.stop()
+    json.dump({"mode": args.mode, "wall": wall, "stages": stages}, sys.stdout)
+
+
+def peak_rss_mib(pids):
+    out = 0.0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    out = max(out, int(line.split()[1]) / 1024)
+        except OSError:
+            pass
+    return out
+
+
+def run_point(args, point, spark, work, modes):
+    import conftest
+
+    gib, parts, maps = point
+    pdir = work / f"point-{gib:g}g-{parts}p-{maps}m"
+    pdir.mkdir()
+    sluice = conftest.SluiceCluster(Path(os.environ.get("SLUICE_BIN",
+                                                        ROOT / "target/release/sluice")),
+                                    pdir, servers=2)
+    celeborn = None
+    if "celeborn" in modes:
+        from cluster import CelebornCluster
+
+        celeborn = CelebornCluster(pdir / "celeborn", workers=2)
+    servers = {"sluice": [p.proc.pid for p in sluice.servers],
+               "celeborn": celeborn.worker_pids() if celeborn else [], "builtin": []}
+    extra = {"sluice": {}, "builtin": {}, "celeborn": celeborn.spark_conf() if celeborn else {}}
+    runs = []
+    try:
+        for i in range(args.runs):
+            for mode in modes:
+                load = bench.wait_for_quiet(args.max_load, args.load_wait)
+                cpu0 = bench.cpu_seconds(servers[mode])
+                cmd = [sys.executable, __file__, "--child", "--mode", mode, "--master", spark.url,
+                       "--coordinator", sluice.coordinator, "--gib", str(gib), "--partitions",
+                       str(parts), "--maps", str(maps), "--extra-conf", json.dumps(extra[mode])]
+                log = pdir / f"run{i + 1}-{mode}.log"
+                with open(log, "w") as err:
+                    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
+                                          timeout=args.run_timeout)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"{point} run {i + 1} ({mode}) failed: see {log}")
+                r = json.loads(proc.stdout.strip().splitlines()[-1])
+                r.update(point=list(point), load1_before=load,
+                         server_cpu_s=bench.cpu_seconds(servers[mode]) - cpu0)
+                runs.append(r)
+                print(f"{gib:g} GiB {parts} partitions {maps} maps  run {i + 1} {mode:<8} "
+                      f"load {load:.2f}  {r['wall']:.1f} s  servers' CPU {r['server_cpu_s']:.1f} s",
+                      flush=True)
+        rss = {m: peak_rss_mib(p) for m, p in servers.items()}
+    finally:
+        if celeborn:
+            celeborn.stop()
+        sluice.stop()
+    return runs, rss
+
+
+def summarize(point, runs, rss, modes):
+    med = statistics.median
+    rows = {}
+    for mode in modes:
+        rs = [r for r in runs if r["mode"] == mode]
+        # The last two stages: the map stage (writes the shuffle) and the reduce stage.
+        m = {"job_s": med([r["wall"] for r in rs]),
+             "map_s": med([r["stages"][-2]["seconds"] for r in rs]),
+             "reduce_s": med([r["stages"][-1]["seconds"] for r in rs]),
+             "fetch_wait_s": med([r["stages"][-1]["fetch_wait_s"] for r in rs]),
+             "executor_cpu_s": med([sum(s["executor_cpu_s"] for s in r["stages"]) for r in rs]),
+             "server_cpu_s": med([r["server_cpu_s"] for r in rs]),
+             "shuffled_gb": med([r["stages"][-2]["shuffle_write"] for r in rs]) / 1e9,
+             "server_peak_rss_mib": rss.get(mode, 0.0)}
+        rows[mode] = m
+    return {"point": point, "modes": rows}
+
+
+def report(summaries, modes):
+    print(f"\n{'point (GiB/parts/maps)':<24}{'mode':<10}{'job s':>8}{'map s':>8}{'reduce s':>9}"
+          f"{'fetch wait s':>13}{'exec CPU s':>11}{'srv CPU s':>10}{'srv RSS MiB':>12}"
+          f"{'shuffled GB':>12}{'job vs built-in':>16}")
+    for s in summaries:
+        label = "{:g}/{}/{}".format(*s["point"])
+        base = s["modes"]["builtin"]["job_s"]
+        for mode in modes:
+            m = s["modes"][mode]
+            print(f"{label:<24}{mode:<10}{m['job_s']:>8.1f}{m['map_s']:>8.1f}{m['reduce_s']:>9.1f}"
+                  f"{m['fetch_wait_s']:>13.1f}{m['executor_cpu_s']:>11.1f}{m['server_cpu_s']:>10.1f}"
+                  f"{m['server_peak_rss_mib']:>12.0f}{m['shuffled_gb']:>12.2f}"
+                  f"{m['job_s'] / base:>16.2f}")
+            label = ""
+    print("fetch wait: the reduce stage's, summed over its tasks; exec CPU: all stages' tasks; "
+          "srv: the shuffle servers (none for built-in); medians of --runs applications")
+
+
+def orchestrate(args):
+    import conftest
+
+    modes = ["builtin", "sluice"] + (["celeborn"] if args.celeborn else [])
+    if args.celeborn:
+        from cluster import require
+
+        require()  # fails now, naming what is missing, rather than after the first point
+    work = Path(tempfile.mkdtemp(prefix="sluice-scale-"))
+    print(f"logs under {work}", flush=True)
+    (work / "spark").mkdir()
+    spark = conftest.SparkStandalone(work / "spark", worker_memory="3g")
+    summaries, all_runs = [], []
+    try:
+        for point in parse_points(args.points):
+            runs, rss = run_point(args, point, spark, work, modes)
+            all_runs += runs
+            summaries.append(summarize(point, runs, rss, modes))
+    finally:
+        spark.stop()
+        report(summaries, modes) if summaries else None
+        if args.json:
+            Path(args.json).write_text(json.dumps({"summaries": summaries, "runs": all_runs},
+                                                  indent=1))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--points", default=DEFAULT_POINTS, help="GiB:partitions:maps, comma-separated")
+    ap.add_argument("--runs", type=int, default=3, help="applications per mode and point")
+    ap.add_argument("--celeborn", action="store_true", help="also Celeborn (bench/celeborn/setup.sh)")
+    ap.add_argument("--max-load", type=float, default=1.5, help="1-min load to wait for")
+    ap.add_argument("--load-wait", type=float, default=120, help="longest wait for it, s")
+    ap.add_argument("--run-timeout", type=float, default=3600, help="one application, s")
+    ap.add_argument("--json", help="write every run's figures here")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    for k, t in (("--mode", str), ("--master", str), ("--coordinator", str), ("--gib", float),
+                 ("--partitions", int), ("--maps", int), ("--extra-conf", str)):
+        ap.add_argument(k, type=t, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    child(args) if args.child else orchestrate(args)
+
+
+if __name__ == "__main__":
+    main()

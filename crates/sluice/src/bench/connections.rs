@@ -1,0 +1,217 @@
+//! `sluice bench connections`: many clients at once against one server. For each count N (say 10,
+//! 100, 1,000), a fresh server (data on tmpfs, so the figure is the server's, not the disk's)
+//! takes N clients of one connection each: each pushes its share of the bytes into a partition of
+//! its own, all at once; after the commit each reads its partition back, all at once. Prints per N
+//! the push and fetch GB/s, their ratio to the smallest N's, the server's peak RSS against the
+//! budget + 64 MiB + 64 KiB per connection, and its thread count (no thread per connection).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use serde_json::json;
+use sluice_client::{ClientOptions, ShuffleClient};
+
+use crate::cluster::{cpu_seconds, Cluster, ClusterSpec};
+use crate::local::parse_size;
+use crate::workload::secs;
+
+/// Flags of `sluice bench connections`.
+#[derive(Args, Debug, Clone)]
+pub struct ConnArgs {
+    /// Client counts, comma-separated; each gets a fresh server.
+    #[arg(long, value_delimiter = ',', default_value = "10,100,1000")]
+    pub counts: Vec<u32>,
+    /// Bytes pushed (and read back) at every count, shared out evenly (suffixes K, M, G).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub bytes: u64,
+    /// Bytes per batch.
+    #[arg(long, default_value = "256K", value_parser = parse_size)]
+    pub batch_bytes: u64,
+    /// The server's memory budget.
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    pub memory_budget: u64,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Raises this process's open-file limit (inherited by the server it starts) to what `need`
+/// descriptors take, up to the hard limit; fails clearly when the hard limit is lower.
+fn raise_nofile(need: u64) -> anyhow::Result<u64> {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut lim = getrlimit(Resource::Nofile);
+    let cur = lim.current.unwrap_or(u64::MAX);
+    if cur >= need {
+        return Ok(cur);
+    }
+    let max = lim.maximum.unwrap_or(u64::MAX);
+    if max < need {
+        bail!("{need} open files needed, but the hard limit (ulimit -Hn) is {max}");
+    }
+    lim.current = Some(need);
+    setrlimit(Resource::Nofile, lim).context("raising RLIMIT_NOFILE")?;
+    Ok(need)
+}
+
+fn threads_of(pid: u32) -> u64 {
+    sluice_testkit::proc_status_kib(pid, "Threads:")
+}
+
+/// One count: returns its JSON row.
+async fn one_count(args: &ConnArgs, n: u32) -> anyhow::Result<serde_json::Value> {
+    let shm = std::path::Path::new("/dev/shm");
+    let cluster = Cluster::start(&ClusterSpec {
+        admin_token: None,
+        servers: 1,
+        memory_budget_bytes: args.memory_budget,
+        data_root: shm.is_dir().then(|| shm.to_path_buf()),
+        server_sets: vec![vec![]],
+        tls: false,
+    })?;
+    cluster.wait_ready().await?;
+    let server = &cluster.servers[0];
+    let opts = || {
+        let mut o = ClientOptions {
+            coordinators: vec![cluster.coordinator.addr.to_string()],
+            ..ClientOptions::default()
+        };
+        o.transport.connections_per_peer = 1;
+        o
+    };
+    let app = format!("bench-conn-{n}");
+    let clients: Vec<ShuffleClient> =
+        (0..n).map(|_| ShuffleClient::new(app.clone(), opts())).collect();
+    clients[0].register_app().await?;
+    let a = clients[0].register_shuffle(0, n, n, 1).await?;
+    let batch = Arc::new(super::shuffle::payload(args.batch_bytes as usize));
+    let per_client = (args.bytes / n as u64 / args.batch_bytes).max(1);
+
+    let cpu0 = cpu_seconds(server.pid());
+    let t = Instant::now();
+    let pushes = clients.iter().enumerate().map(|(i, c)| {
+        let (c, a, batch) = (c.clone(), a.clone(), batch.clone());
+        tokio::spawn(async move {
+            let mut w = c.writer(a, i as u32, 0).await?;
+            for _ in 0..per_client {
+                w.add_batch(i as u32, &batch).await?;
+            }
+            w.finish().await?;
+            Ok::<u64, anyhow::Error>(per_client * batch.len() as u64)
+        })
+    });
+    let mut pushed = 0;
+    for r in futures_util::future::join_all(pushes).await {
+        pushed += r??;
+    }
+    let push_s = secs(t);
+    let push_cpu = cpu_seconds(server.pid()) - cpu0;
+    let threads_push = threads_of(server.pid());
+    let rss_after_push = server.rss_bytes();
+    let stored: u64 = clients[0].commit_shuffle(&a).await?.iter().sum();
+    anyhow::ensure!(stored >= pushed, "server stored {stored} bytes of {pushed} pushed");
+
+    let cpu1 = cpu_seconds(server.pid());
+    let t = Instant::now();
+    let reads = clients.iter().enumerate().map(|(i, c)| {
+        let (c, a) = (c.clone(), a.clone());
+        tokio::spawn(async move {
+            let mut r = c.reader(&a, i as u32, 0, n).await?;
+            let mut got = 0u64;
+            while let Some(b) = r.next_batch().await? {
+                got += b.len() as u64;
+            }
+            Ok::<u64, anyhow::Error>(got)
+        })
+    });
+    let mut fetched = 0;
+    for r in futures_util::future::join_all(reads).await {
+        fetched += r??;
+    }
+    let fetch_s = secs(t);
+    let fetch_cpu = cpu_seconds(server.pid()) - cpu1;
+    anyhow::ensure!(fetched == pushed, "read {fetched} bytes of {pushed} pushed");
+    let peak = server.peak_rss_bytes();
+    let allowed = args.memory_budget + (64 << 20) + (64 << 10) * n as u64;
+    let gb = pushed as f64 / 1e9;
+    Ok(json!({
+        "connections": n,
+        "bytes": pushed,
+        "push_gbps": gb / push_s,
+        "fetch_gbps": gb / fetch_s,
+        "push_server_cpu_s_per_gb": push_cpu / gb,
+        "fetch_server_cpu_s_per_gb": fetch_cpu / gb,
+        "server_peak_rss_bytes": peak,
+        "server_rss_after_push_bytes": rss_after_push,
+        "rss_allowed_bytes": allowed,
+        "rss_within": peak <= allowed,
+        "server_threads": threads_push,
+        "load": super::transport::loadavg(),
+    }))
+}
+
+/// `sluice bench connections`.
+pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
+    let most = args.counts.iter().copied().max().unwrap_or(0) as u64;
+    // Each client's socket here, the server's end of it and a file per partition there.
+    let limit = raise_nofile(3 * most + 256)?;
+    let mut rows = Vec::new();
+    for &n in &args.counts {
+        anyhow::ensure!(n > 0, "a count of 0 clients");
+        let row = one_count(&args, n).await.with_context(|| format!("{n} connections"))?;
+        if !args.json {
+            eprintln!("{n} connections done: {row}");
+        }
+        rows.push(row);
+    }
+    let (p0, f0) = (rows[0]["push_gbps"].as_f64(), rows[0]["fetch_gbps"].as_f64());
+    for r in &mut rows {
+        r["push_vs_first"] = json!(r["push_gbps"].as_f64().zip(p0).map(|(a, b)| a / b));
+        r["fetch_vs_first"] = json!(r["fetch_gbps"].as_f64().zip(f0).map(|(a, b)| a / b));
+    }
+    let out = json!({
+        "bench": "connections",
+        "memory_budget_bytes": args.memory_budget,
+        "nofile_limit": limit,
+        "rows": rows,
+    });
+    if args.json {
+        println!("{out}");
+        return Ok(());
+    }
+    println!(
+        "bench connections: one server (budget {} MiB, data on tmpfs), {:.2} GiB pushed and read back per count",
+        args.memory_budget >> 20,
+        args.bytes as f64 / (1u64 << 30) as f64
+    );
+    println!(
+        "  {:>6} {:>9} {:>7} {:>10} {:>7} {:>14} {:>12} {:>8} {:>6}",
+        "conns",
+        "push GB/s",
+        "vs 1st",
+        "fetch GB/s",
+        "vs 1st",
+        "peak RSS MiB",
+        "allowed MiB",
+        "threads",
+        "load"
+    );
+    for r in &rows {
+        let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+        let mib = |k: &str| r[k].as_u64().unwrap_or(0) as f64 / 1048576.0;
+        println!(
+            "  {:>6} {:>9.2} {:>7.2} {:>10.2} {:>7.2} {:>14.0} {:>12.0} {:>8} {:>6}",
+            r["connections"].as_u64().unwrap_or(0),
+            f("push_gbps"),
+            f("push_vs_first"),
+            f("fetch_gbps"),
+            f("fetch_vs_first"),
+            mib("server_peak_rss_bytes"),
+            mib("rss_allowed_bytes"),
+            r["server_threads"].as_u64().unwrap_or(0),
+            r["load"].as_str().unwrap_or("").split(' ').next().unwrap_or("")
+        );
+    }
+    Ok(())
+}
