@@ -7,12 +7,14 @@ One application with its own Sluice cluster: two coordinators (peers), three ser
 results are computed in Python (see test_faults.py). SLUICE_KEEP=1 keeps the work directory.
 """
 
+import json
 import os
 import signal
 import shutil
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -109,6 +111,13 @@ def run_paused(ra, group, while_paused):
     return result["v"]
 
 
+def uncommitted(cluster, i):
+    """Shuffles server `i` holds data of that are not committed yet (its status API)."""
+    url = f"http://{cluster.server_metrics[i]}/api/v1/status"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.load(r)["uncommitted_shuffles"]
+
+
 def test_rolling_restart_between_map_and_reduce_reruns_nothing(ra):
     """Every server restarted in turn after the map stage: the reduce reads what they committed
     before the restart; no FetchFailed, no stage submitted but the reduce."""
@@ -137,7 +146,13 @@ def test_every_server_upgraded_while_a_job_runs(ra):
     before = pushed_per_server(ra.cluster)
 
     def upgrade():
+        # Map 0's batches (and the other maps') are pushed asynchronously: wait until a server
+        # holds data of the open shuffle, since only such a server has to wait for the commit.
+        wait_until("a server holds data of the open shuffle",
+                   lambda: any(uncommitted(ra.cluster, i) for i in range(SERVERS)), 60)
         first = busiest_server(ra.cluster, before)
+        if not uncommitted(ra.cluster, first):
+            first = next(i for i in range(SERVERS) if uncommitted(ra.cluster, i))
         leaving = ra.cluster.servers[first]
         leaving.proc.send_signal(signal.SIGTERM)
         time.sleep(1.5)
