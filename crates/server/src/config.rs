@@ -82,6 +82,126 @@ pub struct ServerConfig {
     /// Bearer token the admin API's write endpoints (drain) require; `None`: they are open.
     /// At least 16 characters.
     pub admin_token: Option<String>,
+    /// The object-store tier (`[object_store]`): where committed partitions move when the data
+    /// directories fill up. `None` (no `bucket`): off, data stays on local disks.
+    pub object_store: Option<ObjectStoreConfig>,
+}
+
+/// An S3-compatible object store that committed partitions move to when the local disks pass
+/// [`ObjectStoreConfig::offload_high_watermark`], and are served back from by ranged reads.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ObjectStoreConfig {
+    /// Bucket the partitions go to (it must exist). Required.
+    pub bucket: String,
+    /// Key prefix of every object this server writes (`<prefix>/<app>/<shuffle>/...`).
+    pub prefix: String,
+    /// Endpoint URL of an S3-compatible store (`http://host:port` for MinIO and the like);
+    /// empty: AWS S3 of `region`.
+    pub endpoint: String,
+    /// Region (signing; AWS S3's endpoint when `endpoint` is empty).
+    pub region: String,
+    /// Access key id; empty: `AWS_ACCESS_KEY_ID` from the environment, or the instance's
+    /// credentials (web identity, container or instance metadata).
+    pub access_key_id: String,
+    /// Secret access key; empty: `AWS_SECRET_ACCESS_KEY` from the environment, or as above.
+    pub secret_access_key: String,
+    /// Allow plain `http://` endpoints (a store on a trusted network, and the tests).
+    pub allow_http: bool,
+    /// Path-style requests (`endpoint/bucket/key`) rather than virtual-host style
+    /// (`bucket.endpoint/key`); most self-hosted stores want `true`.
+    pub path_style: bool,
+    /// Fraction of a data directory's file system in use above which its committed partitions
+    /// start moving to the store (largest first), in (0, 1].
+    pub offload_high_watermark: f64,
+    /// Moving stops once the directory is back under this fraction; below the high watermark.
+    pub offload_low_watermark: f64,
+    /// Bound on one HTTP request to the store (connect, send, answer), in milliseconds.
+    pub request_timeout_ms: u64,
+    /// Bound on connecting to the store, in milliseconds.
+    pub connect_timeout_ms: u64,
+    /// Retries of a failed request to the store (with back-off), inside the bound of
+    /// `request_timeout_ms` × (retries + 1) that a chunk read or an upload step gets as a whole.
+    pub max_retries: usize,
+    /// Chunk reads from the store at once; more wait. Each holds one chunk in memory, so this
+    /// × `chunk_bytes` bounds the memory reads from the store take.
+    pub max_concurrent_reads: usize,
+    /// Size of each part of the multipart upload that copies a partition file, in bytes
+    /// (5 MiB to 5 GiB, as S3 requires).
+    pub upload_part_bytes: u64,
+}
+
+impl Default for ObjectStoreConfig {
+    fn default() -> Self {
+        ObjectStoreConfig {
+            bucket: String::new(),
+            prefix: "sluice".into(),
+            endpoint: String::new(),
+            region: "us-east-1".into(),
+            access_key_id: String::new(),
+            secret_access_key: String::new(),
+            allow_http: false,
+            path_style: true,
+            offload_high_watermark: 0.85,
+            offload_low_watermark: 0.75,
+            request_timeout_ms: 30_000,
+            connect_timeout_ms: 5_000,
+            max_retries: 3,
+            max_concurrent_reads: 16,
+            upload_part_bytes: 16 << 20,
+        }
+    }
+}
+
+impl ObjectStoreConfig {
+    /// Checks the values; the message names the field (`object_store.<field>`).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.bucket.is_empty() {
+            return Err("object_store.bucket: required when [object_store] is set".into());
+        }
+        let (lo, hi) = (self.offload_low_watermark, self.offload_high_watermark);
+        if !(0.0 <= lo && lo < hi && hi <= 1.0) {
+            return Err(format!(
+                "object_store: need 0 <= offload_low_watermark ({lo}) < offload_high_watermark ({hi}) <= 1"
+            ));
+        }
+        if self.request_timeout_ms == 0 || self.connect_timeout_ms == 0 {
+            return Err(
+                "object_store.request_timeout_ms and connect_timeout_ms must be positive".into()
+            );
+        }
+        if self.max_retries > 10 {
+            return Err(format!("object_store.max_retries: {} is over 10", self.max_retries));
+        }
+        if self.max_concurrent_reads == 0 {
+            return Err("object_store.max_concurrent_reads: must be at least 1".into());
+        }
+        if !(5 << 20..=5 << 30).contains(&self.upload_part_bytes) {
+            return Err(format!(
+                "object_store.upload_part_bytes: {} is not between 5 MiB and 5 GiB",
+                self.upload_part_bytes
+            ));
+        }
+        if !self.endpoint.is_empty() {
+            let http = self.endpoint.starts_with("http://");
+            if !http && !self.endpoint.starts_with("https://") {
+                return Err(format!(
+                    "object_store.endpoint: {:?} is not an http:// or https:// URL",
+                    self.endpoint
+                ));
+            }
+            if http && !self.allow_http {
+                return Err("object_store.endpoint: plain http:// needs allow_http = true".into());
+            }
+        }
+        if self.access_key_id.is_empty() != self.secret_access_key.is_empty() {
+            return Err(
+                "object_store: access_key_id and secret_access_key go together (both or neither)"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
 }
 
 impl Default for ServerConfig {
@@ -112,6 +232,7 @@ impl Default for ServerConfig {
             heartbeat_interval_ms: 1_000,
             transport: sluice_transport::ServerConfig::default(),
             admin_token: None,
+            object_store: None,
         }
     }
 }
@@ -156,6 +277,9 @@ impl ServerConfig {
             return Err("heartbeat_interval_ms and app_expiry_ms must be positive".into());
         }
         sluice_transport::validate_admin_token(self.admin_token.as_deref())?;
+        if let Some(o) = &self.object_store {
+            o.validate()?;
+        }
         self.transport.validate().map_err(|e| format!("transport: {e}"))
     }
 }

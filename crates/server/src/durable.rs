@@ -84,6 +84,25 @@ pub fn persist(
     Ok(())
 }
 
+/// Writes a committed shuffle's `record` anew on every data directory in service that holds
+/// one (after partitions moved to the object store: the record says where they are now).
+/// Blocking. `Err` when no directory holds a record (the shuffle was deleted meanwhile) or one
+/// cannot be written.
+pub fn rewrite(storage: &Storage, key: &ShuffleKey, record: &[u8]) -> io::Result<()> {
+    let mut written = 0;
+    for dir in storage.dirs().iter().filter(|d| !d.is_failed()) {
+        let sdir = shuffle_dir(dir, key);
+        if sdir.join(INDEX_FILE).is_file() {
+            write_synced(&sdir, record).map_err(|e| context(e, &sdir))?;
+            written += 1;
+        }
+    }
+    if written == 0 {
+        return Err(io::Error::other("no data directory holds the shuffle's commit record"));
+    }
+    Ok(())
+}
+
 fn context(e: io::Error, path: &Path) -> io::Error {
     io::Error::new(e.kind(), format!("{}: {e}", path.display()))
 }

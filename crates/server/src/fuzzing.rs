@@ -36,8 +36,8 @@ use sluice_proto::message::{MapAttempt, OpenStream, RegisterShuffle, Section};
 use sluice_proto::ErrorCode;
 
 use crate::core::{
-    padded_len, Apps, ByteRange, FileSource, FlushOutcome, FlushPlan, Lifecycle, Shuffle,
-    ShuffleKey, Streams,
+    padded_len, Apps, ByteRange, ChunkSource, FileSource, FlushOutcome, FlushPlan, Lifecycle,
+    Shuffle, ShuffleKey, Streams,
 };
 use crate::memory_budget::MemoryBudget;
 
@@ -719,7 +719,10 @@ impl Harness {
             map_end: end,
             attempts: named.clone().unwrap_or_default(),
         };
-        let body = |f: &FakeFile, r: &[ByteRange]| Served { file: *f, ranges: r.to_vec() };
+        let body = |f: ChunkSource<'_, FakeFile>, r: &[ByteRange]| Served {
+            file: *f.file().expect("the fuzzed core never offloads"),
+            ranges: r.to_vec(),
+        };
         let expected = self.expected_stream(&shuffle, &o);
         let (chunks, committed) = match (shuffle.open_stream(&o, body), expected) {
             (Ok(x), Ok(want)) => {

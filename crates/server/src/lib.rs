@@ -14,6 +14,9 @@
 //! - `files`: partition files: where a partition's next one is created, and their removal.
 //! - `storage`: data directories, chosen by free space, taken out of service on failure; the
 //!   recycle pool.
+//! - `tier`: the object-store tier: committed partitions copied to an S3-compatible store when
+//!   the disks fill, and their chunks read back with ranged GETs (the pass that decides what
+//!   moves is `ServerState::offload`).
 //! - `memory_budget`: reservations and watermarks for buffered data.
 //! - `config`: the server's configuration ([`ServerConfig`]).
 //! - `stats`: counters exported as Prometheus text.
@@ -37,6 +40,7 @@ mod state;
 mod stats;
 mod status;
 mod storage;
+mod tier;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -138,7 +142,13 @@ impl Server {
     pub fn new(config: ServerConfig) -> Result<Server, String> {
         config.validate()?;
         raise_open_file_limit();
-        let state = ServerState::new(config);
+        let tier = config.object_store.as_ref().map(tier::Tier::open).transpose()?;
+        if let Some(o) = &config.object_store {
+            tracing::info!(bucket = %o.bucket, endpoint = %o.endpoint,
+                high = o.offload_high_watermark, low = o.offload_low_watermark,
+                "object-store tier on: committed partitions move there when the disks fill");
+        }
+        let state = ServerState::new(config, tier);
         for d in state.storage.dirs() {
             if d.is_failed() {
                 tracing::error!(dir = %d.path.display(), "data directory unusable at start");
@@ -228,6 +238,7 @@ impl Server {
             ("sluice_server_ktls_available", u64::from(sluice_transport::ktls_available())),
             ("sluice_server_shuffles_held", state.shuffles_held() as u64),
             ("sluice_server_partitions_held", u64::from(state.partitions_held())),
+            ("sluice_server_object_store_bytes", state.offloaded_bytes()),
         ]);
         // Per application: what its shuffles hold in memory and in files.
         let apps = state.apps_report();
@@ -285,6 +296,7 @@ async fn maintenance(state: Arc<ServerState>) {
             }
             state.expire_apps();
             state.expire_streams();
+            tokio::spawn(state.clone().offload());
             // statvfs, and deleting the recycle pool when space runs low: blocking file work.
             let storage = state.storage.clone();
             tokio::task::spawn_blocking(move || storage.refresh());

@@ -28,6 +28,8 @@ pub struct Deleted<F> {
     pub key: ShuffleKey,
     /// Its partitions' current files, which may be recycled.
     pub files: Vec<F>,
+    /// Keys of the objects in the object store that held its offloaded partitions.
+    pub objects: Vec<String>,
 }
 
 /// Every application and its shuffles. One lock for the map: a lookup per request, held for a
@@ -189,5 +191,6 @@ impl<F: Clone> Apps<F> {
 }
 
 fn delete<F: Clone>(s: &Shuffle<F>) -> Deleted<F> {
-    Deleted { key: s.key().clone(), files: s.delete() }
+    let (files, objects) = s.delete();
+    Deleted { key: s.key().clone(), files, objects }
 }

@@ -13,7 +13,7 @@ use sluice_proto::ErrorCode;
 use super::chunk::{ByteRange, Chunk, Run};
 use super::key::ShuffleKey;
 use super::maps::{Ended, MapEnds};
-use super::partition::{FileSource, FlushOutcome, FlushPlan, Partition};
+use super::partition::{ChunkSource, FileSource, FlushOutcome, FlushPlan, Partition};
 use super::record::{self, Decoded, PartitionRecord};
 use super::refusal::Refusal;
 use super::report::ShuffleReport;
@@ -169,6 +169,9 @@ impl<F: Clone> Shuffle<F> {
                         .map(|(n, name)| open(pid as u32, n as u32, name, needed(n)))
                         .collect();
                     opened.map(|files| (files, chunks))
+                }
+                Ok(PartitionRecord::Offloaded { objects, chunks }) => {
+                    return Mutex::new(Partition::recovered_offloaded(objects, chunks));
                 }
                 Ok(PartitionRecord::Lost(why)) => Err(why),
                 Err(why) => Err(why),
@@ -502,7 +505,7 @@ impl<F: Clone> Shuffle<F> {
     pub fn open_stream<B>(
         &self,
         o: &OpenStream,
-        body: impl FnMut(&F, &[ByteRange]) -> B,
+        body: impl FnMut(ChunkSource<'_, F>, &[ByteRange]) -> B,
     ) -> Result<(Vec<B>, Vec<CommittedMap>), Refusal> {
         let state = self.lifecycle();
         if state != Lifecycle::Readable {
@@ -606,10 +609,48 @@ impl<F: Clone> Shuffle<F> {
     }
 
     /// Deletes the shuffle: it serves nothing from now on and every buffer is freed. Returns
-    /// the partitions' current files, which the shell may recycle.
-    pub fn delete(&self) -> Vec<F> {
+    /// the partitions' current files, which the shell may recycle, and the keys of the objects
+    /// in the object store that held its offloaded partitions, which the shell deletes.
+    pub fn delete(&self) -> (Vec<F>, Vec<String>) {
         self.advance(Lifecycle::Deleted);
-        self.partitions.iter().filter_map(|p| p.lock().delete()).collect()
+        let (mut files, mut objects) = (Vec::new(), Vec::new());
+        for p in self.partitions.iter() {
+            let (file, keys) = p.lock().delete();
+            files.extend(file);
+            objects.extend(keys);
+        }
+        (files, objects)
+    }
+
+    /// The partitions of a readable shuffle that may move to the object store, each with its
+    /// files and where its data in each ends (see `Partition`); none while it is not readable.
+    pub fn offloadable(&self) -> Vec<(u32, Vec<(F, u64)>)> {
+        if self.lifecycle() != Lifecycle::Readable || self.lost.is_some() {
+            return Vec::new();
+        }
+        let each = self.partitions.iter().enumerate();
+        each.filter_map(|(pid, p)| Some((pid as u32, p.lock().offloadable()?))).collect()
+    }
+
+    /// Partition `pid`'s files were copied to `objects` (one key per file number): its chunks
+    /// are served from them from now on. Returns its local files, to delete once the commit
+    /// record says where the data is; `Err` (nothing changed) when the partition no longer
+    /// holds them (the shuffle was deleted meanwhile, ...): delete the objects instead.
+    pub fn offloaded(&self, pid: u32, objects: Vec<String>) -> Result<Vec<F>, Refusal> {
+        let Some(p) = self.partitions.get(pid as usize) else {
+            let why = format!("partition {pid} does not exist");
+            return Err(Refusal::new(ErrorCode::InvalidRequest, why));
+        };
+        // The partition's own health, under its lock, decides: a deletion marks every
+        // partition deleted under their locks, so it either sees the objects or refuses them.
+        p.lock().offloaded(objects).map_err(|why| {
+            Refusal::new(ErrorCode::UnknownShuffle, format!("{} partition {pid}: {why}", self.key))
+        })
+    }
+
+    /// Bytes of its chunks that are in the object store.
+    pub fn offloaded_bytes(&self) -> u64 {
+        self.partitions.iter().map(|p| p.lock().offloaded_bytes()).sum()
     }
 }
 
