@@ -249,6 +249,8 @@ impl Server {
         let stored = per_app(|a| a.shuffles.iter().map(|s| s.stored_bytes).sum());
         stats::Stats::labelled(&mut out, "sluice_server_app_buffered_bytes", "app", &buffered);
         stats::Stats::labelled(&mut out, "sluice_server_app_stored_bytes", "app", &stored);
+        let offloaded = per_app(|a| a.shuffles.iter().map(|s| s.offloaded_bytes).sum());
+        stats::Stats::labelled(&mut out, "sluice_server_app_offloaded_bytes", "app", &offloaded);
         // Per data directory: free space and size (statvfs each, once per scrape).
         let dirs = state.storage.dirs();
         let per_dir = |f: fn(&storage::DataDir) -> u64| -> Vec<(String, u64)> {

@@ -118,6 +118,13 @@ impl Store {
     }
 }
 
+/// A test's scratch directory and a store in it.
+fn started() -> (Scratch, Store) {
+    let scratch = Scratch::new();
+    let store = Store::start(scratch.path());
+    (scratch, store)
+}
+
 impl Drop for Store {
     fn drop(&mut self) {
         self.kill();
@@ -212,14 +219,10 @@ async fn wait_metric(p: &Proc, name: &str, at_least: f64, secs: u64) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    no_s3_server,
-    ignore = "OBJECT STORE TESTS NOT RUN: no s3s-fs on this machine (make s3-server)"
-)]
+#[cfg_attr(no_s3_server, ignore = "OBJECT STORE TESTS NOT RUN: no s3s-fs (make s3-server)")]
 async fn committed_partitions_move_to_the_store_and_are_served_from_it_also_after_a_restart() {
     bounded("committed_partitions_move_to_the_store", 120, async {
-        let scratch = Scratch::new();
-        let store = Store::start(scratch.path());
+        let (scratch, store) = started();
         let mut r = Restartable {
             dir: scratch.path().join("d1"),
             sets: store.server_sets(),
@@ -266,14 +269,10 @@ async fn committed_partitions_move_to_the_store_and_are_served_from_it_also_afte
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    no_s3_server,
-    ignore = "OBJECT STORE TESTS NOT RUN: no s3s-fs on this machine (make s3-server)"
-)]
+#[cfg_attr(no_s3_server, ignore = "OBJECT STORE TESTS NOT RUN: no s3s-fs (make s3-server)")]
 async fn a_store_killed_mid_read_is_a_retriable_error_and_the_read_succeeds_once_it_is_back() {
     bounded("a_store_killed_mid_read", 120, async {
-        let scratch = Scratch::new();
-        let mut store = Store::start(scratch.path());
+        let (scratch, mut store) = started();
         let server = scratch.server(&ServerSpec {
             metrics: true,
             sets: store.server_sets(),

@@ -595,6 +595,7 @@ impl<F: Clone> Shuffle<F> {
             lost_partitions: 0,
             buffered_bytes: 0,
             stored_bytes: 0,
+            offloaded_bytes: 0,
             chunks: 0,
             flushes_in_flight: self.flushes_in_flight(),
         };
@@ -603,6 +604,7 @@ impl<F: Clone> Shuffle<F> {
             r.lost_partitions += u32::from(p.lost().is_some());
             r.buffered_bytes += p.buffered_bytes();
             r.stored_bytes += p.chunks().iter().map(|c| c.len()).sum::<u64>();
+            r.offloaded_bytes += p.offloaded_bytes();
             r.chunks += p.chunks().len() as u64;
         }
         r
