@@ -81,6 +81,14 @@ impl Store {
         panic!("s3s-fs did not listen on {addr} within 20 s: {}", self.log_text());
     }
 
+    /// Sends `signal` (`STOP`, `CONT`) to the store: a stopped store takes connections (the
+    /// kernel's backlog) and answers nothing.
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("store running").id().to_string();
+        let ok = Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap();
+        assert!(ok.success(), "kill -{signal} {pid}");
+    }
+
     /// SIGKILLs the store (connections drop mid-answer).
     fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -117,6 +125,8 @@ impl Store {
             "object_store.request_timeout_ms=1500".into(),
             "object_store.connect_timeout_ms=500".into(),
             "object_store.max_retries=1".into(),
+            // The smallest part S3 allows: a partition file over 5 MiB goes up in parts.
+            "object_store.upload_part_bytes=5242880".into(),
         ]
         .to_vec()
     }
@@ -287,6 +297,8 @@ async fn a_store_killed_mid_read_is_a_retriable_error_and_the_read_succeeds_once
         let a = assignment(1, &[server.addr], 1);
         let want = write_shuffle(&client, &a, 100).await;
         wait_metric(&server, "sluice_server_offloaded_partitions_total", 1.0, 60).await;
+        let uploaded = metric(&server, "sluice_server_offloaded_bytes_total").await;
+        assert!(uploaded > 5_242_880.0, "{uploaded} bytes: not a multipart upload");
 
         // Some batches read, then the store dies: the reader gets STORAGE_FAILED (retriable)
         // within the store's bounds, and every record it delivered before is sound.
@@ -319,6 +331,17 @@ async fn a_store_killed_mid_read_is_a_retriable_error_and_the_read_succeeds_once
 
         // The store is back: the same read succeeds, byte-identical.
         store.restart();
+        check_all(&client, &a, &want).await;
+
+        // A store that hangs (stopped: connections accepted, nothing answered) is the same
+        // retriable error within its bound (1.5 s a request, one retry, + 1 s), not a hang.
+        store.signal("STOP");
+        let started = std::time::Instant::now();
+        let hung = read_partition(&client, &a, 0, 0, MAPS).await;
+        let waited = started.elapsed();
+        store.signal("CONT");
+        assert_eq!(code(hung), ErrorCode::StorageFailed);
+        assert!(waited < Duration::from_secs(15), "a hung store held the read {waited:?}");
         check_all(&client, &a, &want).await;
     })
     .await
