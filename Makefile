@@ -54,7 +54,7 @@ status-page-screenshot: deps browser
 test-jvm:
 	mvn -q -B -f clients/jvm/pom.xml verify
 
-test-spark: build
+test-spark: build s3-server
 	bash tests/spark/run.sh
 
 # The chart's tests start the binary with the rendered configs, hence build.
