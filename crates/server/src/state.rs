@@ -598,6 +598,14 @@ impl ServerState {
         if self.offloading.swap(true, Ordering::AcqRel) {
             return;
         }
+        /// Lets the next pass run however this one ends (a panic in it included).
+        struct Running<'a>(&'a AtomicBool);
+        impl Drop for Running<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _running = Running(&self.offloading);
         let (high, low) = (oc.offload_high_watermark, oc.offload_low_watermark);
         let storage = self.storage.clone();
         // statvfs of each directory: blocking.
@@ -607,7 +615,6 @@ impl ServerState {
         if !over.is_empty() {
             self.offload_until(&tier, over).await;
         }
-        self.offloading.store(false, Ordering::Release);
     }
 
     /// Moves partitions with files on the directories of `need` (directory → bytes to free)

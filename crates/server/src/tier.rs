@@ -214,10 +214,13 @@ impl Tier {
     /// Reads `ranges` of object `key` (one chunk's wanted byte ranges) as one body; waits for a
     /// read slot first (see `max_concurrent_reads`).
     pub async fn read(&self, key: &str, ranges: &[Range<u64>]) -> Result<Vec<Bytes>, TierError> {
-        let _slot = self.reads.acquire().await.map_err(|e| TierError::Failed(e.to_string()))?;
         let location = ObjectPath::from(key);
+        // The wait for a slot counts against the bound too: reads stuck behind a hung store
+        // fail with it rather than queue for ever.
         let parts = self
             .bounded("read", async {
+                let _slot =
+                    self.reads.acquire().await.map_err(|e| TierError::Failed(e.to_string()))?;
                 self.store.get_ranges(&location, ranges).await.map_err(|e| match e {
                     object_store::Error::NotFound { source, .. } => {
                         TierError::NotFound { key: key.to_owned(), why: source.to_string() }
