@@ -317,6 +317,13 @@ impl<F: Clone> Partition<F> {
         self.files.get(number as usize).map(|f| &f.handle)
     }
 
+    /// The key of the object holding former file `number`, once the partition moved to the
+    /// object store (`None`: it did not, or no such file).
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn object(&self, number: u32) -> Option<&str> {
+        self.objects.get(number as usize).map(String::as_str)
+    }
+
     /// Where the next flush goes in file `number` (`None`: no such file).
     #[cfg(any(test, feature = "fuzzing"))]
     pub fn cursor(&self, number: u32) -> Option<u64> {
