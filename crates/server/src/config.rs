@@ -116,7 +116,10 @@ pub struct ObjectStoreConfig {
     pub offload_high_watermark: f64,
     /// Moving stops once the directory is back under this fraction; below the high watermark.
     pub offload_low_watermark: f64,
-    /// Bound on one HTTP request to the store (connect, send, answer), in milliseconds.
+    /// Bound on one HTTP request to the store (connect, send, answer), in milliseconds. A
+    /// chunk read gets `request_timeout_ms` × (`max_retries` + 1) + 1 s in all: keep that under
+    /// the readers' request timeout (120 s by default), so they hear `STORAGE_FAILED` rather
+    /// than time out themselves.
     pub request_timeout_ms: u64,
     /// Bound on connecting to the store, in milliseconds.
     pub connect_timeout_ms: u64,
@@ -144,7 +147,7 @@ impl Default for ObjectStoreConfig {
             path_style: true,
             offload_high_watermark: 0.85,
             offload_low_watermark: 0.75,
-            request_timeout_ms: 30_000,
+            request_timeout_ms: 20_000,
             connect_timeout_ms: 5_000,
             max_retries: 3,
             max_concurrent_reads: 16,
