@@ -286,3 +286,36 @@ impl ServerConfig {
         self.transport.validate().map_err(|e| format!("transport: {e}"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_store(f: impl FnOnce(&mut ObjectStoreConfig)) -> Result<(), String> {
+        let mut store = ObjectStoreConfig { bucket: "b".into(), ..ObjectStoreConfig::default() };
+        f(&mut store);
+        ServerConfig { object_store: Some(store), ..ServerConfig::default() }.validate()
+    }
+
+    #[test]
+    fn object_store_settings_are_checked_with_the_key_named() {
+        assert_eq!(with_store(|_| {}), Ok(()));
+        let err = |f: fn(&mut ObjectStoreConfig)| with_store(f).unwrap_err();
+        assert!(err(|s| s.bucket.clear()).contains("object_store.bucket"));
+        assert!(err(|s| s.offload_low_watermark = 0.9).contains("offload_low_watermark"));
+        assert!(err(|s| s.offload_high_watermark = 1.5).contains("offload_high_watermark"));
+        assert!(err(|s| s.offload_high_watermark = f64::NAN).contains("offload_high_watermark"));
+        assert!(err(|s| s.endpoint = "http://h:9000".into()).contains("allow_http"));
+        assert!(err(|s| s.endpoint = "ftp://h".into()).contains("object_store.endpoint"));
+        assert!(err(|s| s.access_key_id = "k".into()).contains("secret_access_key"));
+        assert!(err(|s| s.upload_part_bytes = 1 << 20).contains("upload_part_bytes"));
+        assert!(err(|s| s.max_concurrent_reads = 0).contains("max_concurrent_reads"));
+        assert!(err(|s| s.request_timeout_ms = 0).contains("request_timeout_ms"));
+        assert!(err(|s| s.max_retries = 11).contains("max_retries"));
+        let http = |s: &mut ObjectStoreConfig| {
+            s.endpoint = "http://127.0.0.1:9000".into();
+            s.allow_http = true;
+        };
+        assert_eq!(with_store(http), Ok(()));
+    }
+}
