@@ -145,10 +145,11 @@ impl Drop for Store {
     }
 }
 
-/// A server on fixed directories and a fixed port, restartable.
+/// A server on two fixed directories and a fixed port, restartable (the shuffle's files, and
+/// so the copies of its commit record, may be on either or both).
 struct Restartable {
     scratch: Scratch,
-    dir: PathBuf,
+    dirs: Vec<PathBuf>,
     addr: SocketAddr,
     sets: Vec<String>,
 }
@@ -156,7 +157,7 @@ struct Restartable {
 impl Restartable {
     fn start(&self) -> Proc {
         self.scratch.server(&ServerSpec {
-            data_dirs: vec![self.dir.clone()],
+            data_dirs: self.dirs.clone(),
             metrics: true,
             listen: (self.addr.port() != 0).then_some(self.addr),
             sets: self.sets.clone(),
@@ -164,11 +165,12 @@ impl Restartable {
         })
     }
 
+    fn files(&self, name: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
+        self.dirs.iter().flat_map(|d| files_under(d)).filter(|f| name(f)).collect()
+    }
+
     fn data_files(&self) -> Vec<PathBuf> {
-        files_under(&self.dir)
-            .into_iter()
-            .filter(|f| f.extension().is_some_and(|e| e == "data"))
-            .collect()
+        self.files(|f| f.extension().is_some_and(|e| e == "data"))
     }
 }
 
@@ -238,7 +240,7 @@ async fn committed_partitions_move_to_the_store_and_are_served_from_it_also_afte
     bounded("committed_partitions_move_to_the_store", 120, async {
         let (scratch, store) = started();
         let mut r = Restartable {
-            dir: scratch.path().join("d1"),
+            dirs: vec![scratch.path().join("d1"), scratch.path().join("d2")],
             sets: store.server_sets(),
             scratch,
             addr: "127.0.0.1:0".parse().unwrap(),
@@ -254,7 +256,8 @@ async fn committed_partitions_move_to_the_store_and_are_served_from_it_also_afte
         wait_metric(&server, "sluice_server_offloaded_partitions_total", 4.0, 60).await;
         assert!(eventually(10, || r.data_files().is_empty()).await, "{:?}", r.data_files());
         assert_eq!(store.objects().len(), 4, "one object per partition file");
-        assert!(files_under(&r.dir).iter().any(|f| f.ends_with("1/index")), "the record is gone");
+        let records = r.files(|f| f.ends_with("1/index"));
+        assert!(!records.is_empty(), "the commit record is gone");
         let offloaded = metric(&server, "sluice_server_offloaded_bytes_total").await;
         assert!(offloaded >= (MAPS * 30 * 20_000) as f64, "{offloaded} bytes offloaded");
         assert!(metric(&server, "sluice_server_object_store_bytes").await > 0.0);
