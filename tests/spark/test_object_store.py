@@ -29,12 +29,20 @@ SECRET_KEY = "sluice-spark-secret-key-0123456789"
 
 
 def s3s_fs():
-    """$SLUICE_S3S_FS, else target/tools/bin/s3s-fs, else s3s-fs on the PATH."""
-    for candidate in (os.environ.get("SLUICE_S3S_FS"), ROOT / "target/tools/bin/s3s-fs",
-                      shutil.which("s3s-fs")):
+    """$SLUICE_S3S_FS (when set, only it), else target/tools/bin/s3s-fs, else s3s-fs on the
+    PATH; None when there is none (as crates/sluice/build.rs looks)."""
+    override = os.environ.get("SLUICE_S3S_FS")
+    candidates = [override] if override else [ROOT / "target/tools/bin/s3s-fs",
+                                              shutil.which("s3s-fs")]
+    for candidate in candidates:
         if candidate and Path(candidate).is_file():
             return Path(candidate)
     return None
+
+
+pytestmark = pytest.mark.skipif(
+    s3s_fs() is None,
+    reason="OBJECT STORE SPARK TEST NOT RUN: no s3s-fs on this machine (make s3-server)")
 
 
 class Store:
@@ -84,8 +92,6 @@ class Store:
 @pytest.fixture(scope="module")
 def offloading(spark_cluster):
     binary = s3s_fs()
-    if binary is None:
-        pytest.skip("OBJECT STORE SPARK TEST NOT RUN: no s3s-fs on this machine (make s3-server)")
     work = Path(tempfile.mkdtemp(prefix="sluice-object-store-"))
     store = Store(binary, work / "s3")
     try:
