@@ -22,6 +22,7 @@ const SERVER_METRICS: &[&str] = &[
     "sluice_server_push_requests_total",
     "sluice_server_pushed_bytes_total",
     "sluice_server_busy_replies_total",
+    "sluice_server_split_replies_total",
     "sluice_server_pushes_held_total",
     "sluice_server_push_hold_microseconds_total",
     "sluice_server_flushed_bytes_total",
