@@ -179,15 +179,30 @@ pub(crate) struct Inner {
 /// The parts of a shuffle's split partitions: partition → its parts (part 0 first), each a
 /// primary and an optional replica indexing the assignment's servers.
 #[derive(Debug, Default, Clone)]
-pub struct Parts(pub std::collections::HashMap<u32, Vec<PartitionLoc>>);
+pub struct Parts {
+    /// The split partitions' parts.
+    pub split: std::collections::HashMap<u32, Vec<PartitionLoc>>,
+    /// No coordinator knew the shuffle (one restarted without peers, say): any server of the
+    /// assignment may hold a part, so every one is read (see [`Parts::of`]).
+    pub unknown: bool,
+}
 
 impl Parts {
-    /// Partition `p`'s parts: its split parts, or the assignment's one entry.
+    /// Partition `p`'s parts: its split parts, or the assignment's one entry. When the parts
+    /// are unknown, the assignment's entry and then every other server of the assignment, each
+    /// as a part of its own: a reader opens a stream on each, and one holding nothing of the
+    /// partition serves nothing.
     pub fn of(&self, a: &Assignment, p: u32) -> Vec<PartitionLoc> {
-        match self.0.get(&p) {
-            Some(parts) => parts.clone(),
-            None => a.partitions.get(p as usize).cloned().into_iter().collect(),
+        let first = a.partitions.get(p as usize).cloned();
+        if let Some(parts) = self.split.get(&p) {
+            return parts.clone();
         }
+        let mut out: Vec<PartitionLoc> = first.clone().into_iter().collect();
+        if let (true, Some(f)) = (self.unknown, first) {
+            let others = (0..a.servers.len() as u16).filter(|&i| i != f.primary && i != f.replica);
+            out.extend(others.map(|primary| PartitionLoc { primary, replica: NO_REPLICA }));
+        }
+        out
     }
 
     /// Takes a coordinator's `Splits`, checked against the assignment: an index outside its
@@ -207,9 +222,9 @@ impl Parts {
                     ),
                 });
             }
-            let known = self.0.get(&p.partition_id).map_or(1, Vec::len);
+            let known = self.split.get(&p.partition_id).map_or(1, Vec::len);
             if p.parts.len() > known {
-                self.0.insert(p.partition_id, p.parts);
+                self.split.insert(p.partition_id, p.parts);
             }
         }
         Ok(())
@@ -336,12 +351,39 @@ impl ShuffleClient {
         Ok(parts)
     }
 
-    /// [`Self::splits`] of a committed shuffle, asked once and kept.
+    /// [`Self::splits`] for a writer that starts: without an answer (no coordinator
+    /// reachable, or one that does not know the shuffle), none. A partition split meanwhile
+    /// then gets this writer's batches on its first part, which still takes them (the split
+    /// threshold is soft) and is read like every part.
+    pub(crate) async fn splits_for_writer(&self, a: &Assignment) -> Parts {
+        self.splits(a).await.unwrap_or_else(|e| {
+            tracing::warn!(shuffle = a.shuffle_id, error = %e,
+                "cannot learn the shuffle's split partitions; writing to their first parts");
+            Parts::default()
+        })
+    }
+
+    /// [`Self::splits`] for reading a committed shuffle: when no coordinator knows it (it
+    /// restarted without peers) or none answers, the parts are unknown and every server of the
+    /// assignment is read (see [`Parts::of`]); never fewer parts than there are.
+    pub(crate) async fn splits_for_reading(&self, a: &Assignment) -> Result<Parts, ClientError> {
+        match self.splits(a).await {
+            Ok(p) => Ok(p),
+            Err(e) if e.code() == ErrorCode::UnknownShuffle || e.is_retriable() => {
+                tracing::warn!(shuffle = a.shuffle_id, error = %e,
+                    "the coordinators do not know the shuffle's split partitions; reading every server of its assignment");
+                Ok(Parts { unknown: true, ..Parts::default() })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`Self::splits_for_reading`] of a committed shuffle, asked once and kept.
     pub(crate) async fn committed_splits(&self, a: &Assignment) -> Result<Arc<Parts>, ClientError> {
         if let Some(p) = self.inner.splits.lock().get(&a.shuffle_id) {
             return Ok(p.clone());
         }
-        let parts = Arc::new(self.splits(a).await?);
+        let parts = Arc::new(self.splits_for_reading(a).await?);
         self.inner.splits.lock().insert(a.shuffle_id, parts.clone());
         Ok(parts)
     }
@@ -457,7 +499,20 @@ impl ShuffleClient {
                 }
             }
         }
-        let parts = self.splits(a).await?;
+        let parts = self.splits_for_reading(a).await?;
+        // Data of a partition on a server that is none of its parts: a split the coordinators
+        // forgot. Readers would miss it: fail loudly instead.
+        for (s, held) in by_server.iter().enumerate() {
+            for (&p, &bytes) in held {
+                let listed = parts.of(a, p).iter().any(|l| writer::servers_of(l).any(|x| x == s));
+                if bytes > 0 && !listed {
+                    return Err(ClientError::DataLost(format!(
+                        "partition {p} has {bytes} bytes on {} that no coordinator lists as one of its parts",
+                        addrs[s]
+                    )));
+                }
+            }
+        }
         for p in 0..a.partitions.len() as u32 {
             for loc in parts.of(a, p) {
                 if writer::servers_of(&loc).all(|s| failed[s].is_some()) {
@@ -469,16 +524,18 @@ impl ShuffleClient {
         }
         // A split partition: the sum over its parts of each part's size (a part's primary
         // and replica hold the same bytes).
-        for (&p, locs) in &parts.0 {
+        for p in 0..a.partitions.len() as u32 {
+            let locs = parts.of(a, p);
+            if locs.len() < 2 {
+                continue;
+            }
             let part_size = |loc: &PartitionLoc| {
                 writer::servers_of(loc)
                     .filter_map(|s| by_server[s].get(&p).copied())
                     .max()
                     .unwrap_or(0)
             };
-            if let Some(s) = sizes.get_mut(p as usize) {
-                *s = locs.iter().map(part_size).sum();
-            }
+            sizes[p as usize] = locs.iter().map(part_size).sum();
         }
         Ok(sizes)
     }

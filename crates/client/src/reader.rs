@@ -35,7 +35,11 @@ pub struct PartitionReader {
     map_end: u32,
     /// map → (committed attempt, batches expected).
     committed: HashMap<u32, (u32, u32)>,
+    /// (map, batch id) read in the current part: its completeness check.
     seen: HashSet<(u32, u32)>,
+    /// (map, batch id) delivered from any part: a batch read twice (two copies of a part,
+    /// when the parts are unknown and every server is read) is delivered once.
+    delivered: HashSet<(u32, u32)>,
     next_chunk: u32,
     chunk_count: u32,
     inflight: VecDeque<ChunkFuture>,
@@ -117,6 +121,7 @@ impl PartitionReader {
                 .map(|c| (c.map_id, (c.attempt_id, c.batches)))
                 .collect(),
             seen: HashSet::new(),
+            delivered: HashSet::new(),
             next_chunk: 0,
             chunk_count: handle.chunk_lengths.len() as u32,
             inflight: VecDeque::new(),
@@ -250,7 +255,8 @@ impl PartitionReader {
             for (h, payload) in batches {
                 let keep = (self.map_start..self.map_end).contains(&h.map_id)
                     && self.committed.get(&h.map_id).is_some_and(|(a, _)| *a == h.attempt_id)
-                    && self.seen.insert((h.map_id, h.batch_id));
+                    && self.seen.insert((h.map_id, h.batch_id))
+                    && self.delivered.insert((h.map_id, h.batch_id));
                 if keep {
                     self.bytes_read += payload.len() as u64;
                     self.batches_read += 1;

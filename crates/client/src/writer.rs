@@ -82,7 +82,7 @@ impl ShuffleWriter {
         let permits = (client.inner.opts.max_inflight_bytes / PERMIT_BYTES).max(1);
         let replicated = assignment.partitions.iter().any(|l| l.replica != NO_REPLICA);
         // Splits made before this attempt started: never push to a part that was left.
-        let parts = client.splits(&assignment).await?;
+        let parts = client.splits_for_writer(&assignment).await;
         Ok(ShuffleWriter {
             parts,
             batches_to: vec![vec![0; n]; addrs.len()],

@@ -136,6 +136,20 @@ async fn a_partition_past_the_split_threshold_reads_back_from_its_parts() {
             per_server.insert(addr, files);
         }
         assert!(per_server.values().all(|&n| n > 0), "a part without data: {per_server:?}");
+
+        // A coordinator restarted without peers forgets the splits: a new reader reads every
+        // server of the assignment instead, and still gets each partition whole, once.
+        let mut coord = coord;
+        coord.kill();
+        let _coord = scratch.coordinator_on(&coord.addr.to_string());
+        let fresh = utils::client("split-app", Some(coord.addr));
+        for p in 0..PARTITIONS {
+            let r = read_partition(&fresh, &a, p, 0, MAPS).await.expect("read, parts unknown");
+            let want = expected(PER_MAP, 0, MAPS, p, skewed);
+            assert_eq!(r.unique_ids(format!("partition {p}, parts unknown")), want);
+        }
+        let sizes_again = fresh.commit_shuffle(&a).await.expect("a second commit, parts unknown");
+        assert_eq!(sizes_again, sizes, "the sizes add up the same without the coordinator's parts");
         for s in &servers {
             assert!(!s.log_text().contains("panicked"), "{}", s.log_text());
         }
