@@ -6,10 +6,13 @@ import io.sluice.protocol.CommitResult;
 import io.sluice.protocol.CommitShuffle;
 import io.sluice.protocol.ErrorCode;
 import io.sluice.protocol.GetAssignment;
+import io.sluice.protocol.GetSplits;
 import io.sluice.protocol.Message;
 import io.sluice.protocol.Ok;
 import io.sluice.protocol.RegisterApp;
 import io.sluice.protocol.RegisterShuffle;
+import io.sluice.protocol.SplitPartition;
+import io.sluice.protocol.Splits;
 import io.sluice.protocol.UnregisterApp;
 import io.sluice.protocol.UnregisterShuffle;
 import java.util.ArrayList;
@@ -108,6 +111,45 @@ public final class CoordinatorClient {
   }
 
   /**
+   * The parts of the shuffle's split partitions ({@code GetSplits}): writers ask when they start,
+   * readers once after the commit (parts never change after it), the driver before it sums sizes.
+   *
+   * @throws SluiceException {@code INTERNAL} when the answer points outside the assignment
+   */
+  public ShuffleSplits getSplits(String appId, ShuffleAssignment a) {
+    return ShuffleSplits.fromMessage(toSplits(callCoordinator(new GetSplits(appId, a.shuffleId()))),
+        a);
+  }
+
+  /**
+   * Asks for a new part of {@code partition} ({@code SplitPartition}), after a server answered a
+   * push of it with {@code PushSplit}. The coordinator adds one only when the partition has
+   * exactly {@code knownParts} parts and a server of the shuffle can take it.
+   *
+   * @return the partition's parts, in order: one more than {@code knownParts} when the split was
+   *     made, more when others split it meanwhile, unchanged when no server could take a part
+   */
+  public List<ShuffleSplits.Part> splitPartition(String appId, ShuffleAssignment a, int partition,
+      int knownParts) {
+    Splits s = toSplits(callCoordinator(
+        new SplitPartition(appId, a.shuffleId(), partition, knownParts)));
+    for (Splits.SplitParts sp : s.partitions()) {
+      if (sp.partitionId() == partition && s.shuffleId() == a.shuffleId()) {
+        return ShuffleSplits.parts(sp, a);
+      }
+    }
+    throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION, "the answer to splitting partition "
+        + partition + " of shuffle " + a.shuffleId() + " does not list it: " + s);
+  }
+
+  private static Splits toSplits(Message m) {
+    if (m instanceof Splits s) {
+      return s;
+    }
+    throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION, "expected Splits, got " + m);
+  }
+
+  /**
    * Registers the application and the shuffle on every server of the assignment (in parallel),
    * so the servers accept its pushes.
    */
@@ -121,14 +163,13 @@ public final class CoordinatorClient {
 
   /**
    * Commits the shuffle on every server of the assignment and returns the bytes stored per
-   * partition (batch headers included). With replication a partition is reported by two servers;
-   * the larger report counts, and a server that fails (see {@link
-   * SluiceException#isServerFailure()}) is tolerated as long as every partition has a server that
-   * committed: writers went on with the other copy, readers read it. Otherwise the failure is
-   * thrown.
+   * partition (batch headers included): the sum over its parts ({@link #getSplits}, asked once
+   * the servers committed) of each part's size, the larger of its two reports with replication.
+   * A server that fails (see {@link SluiceException#isServerFailure()}) is tolerated, with
+   * replication, as long as every part of every partition has a server that committed: writers
+   * went on with the other copy, readers read it. Otherwise the failure is thrown.
    */
   public long[] commitShuffle(String appId, ShuffleAssignment a) {
-    long[] sizes = new long[a.numPartitions()];
     boolean replicated = false;
     for (int p = 0; p < a.numPartitions(); p++) {
       replicated |= a.replicaIndex(p) >= 0;
@@ -136,8 +177,12 @@ public final class CoordinatorClient {
     List<Answer> answers = answersOfAllServers(a.servers(),
         new CommitShuffle(appId, a.shuffleId()));
     SluiceException[] failed = new SluiceException[answers.size()];
+    // Per server, the bytes it reported per partition.
+    List<long[]> reported = new ArrayList<>();
     for (int s = 0; s < answers.size(); s++) {
       Answer answer = answers.get(s);
+      long[] sizes = new long[a.numPartitions()];
+      reported.add(sizes);
       if (answer.failure() != null) {
         if (!(replicated && answer.failure().isServerFailure())) {
           throw answer.failure();
@@ -157,26 +202,38 @@ public final class CoordinatorClient {
           throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION,
               "CommitResult names partition " + Integer.toUnsignedString(p));
         }
-        sizes[p] = Math.max(sizes[p], ps.bytes());
+        sizes[p] = ps.bytes();
       }
     }
+    ShuffleSplits splits = getSplits(appId, a);
+    long[] total = new long[a.numPartitions()];
     for (int p = 0; p < a.numPartitions(); p++) {
-      StringBuilder failures = new StringBuilder();
-      SluiceException last = null;
-      for (int s : a.serverIndexes(p)) {
-        if (failed[s] == null) {
-          last = null;
-          break;
+      for (ShuffleSplits.Part part : splits.parts(a, p)) {
+        checkCommitted(a, p, part.serverIndexes(), failed);
+        long size = 0;
+        for (int s : part.serverIndexes()) {
+          size = Math.max(size, reported.get(s)[p]);
         }
-        last = failed[s];
-        failures.append(failures.length() > 0 ? "; " : "")
-            .append(a.servers().get(s).hostPort()).append(": ").append(last.getMessage());
-      }
-      if (last != null) {
-        throw SluiceException.copiesLost(p, failures.toString(), last);
+        total[p] += size;
       }
     }
-    return sizes;
+    return total;
+  }
+
+  /** Throws when every server of a part of partition {@code p} failed to commit. */
+  private static void checkCommitted(ShuffleAssignment a, int p, int[] servers,
+      SluiceException[] failed) {
+    StringBuilder failures = new StringBuilder();
+    SluiceException last = null;
+    for (int s : servers) {
+      if (failed[s] == null) {
+        return;
+      }
+      last = failed[s];
+      failures.append(failures.length() > 0 ? "; " : "")
+          .append(a.servers().get(s).hostPort()).append(": ").append(last.getMessage());
+    }
+    throw SluiceException.copiesLost(p, failures.toString(), last);
   }
 
   /**
