@@ -39,7 +39,10 @@ class SplitRoundTripTest {
       servers.add(new FakeServer());
     }
     coordinator = new FakeServer();
-    conf = TransportClientTest.conf(Map.of("sluice.client.pushBatchBytes", "256"));
+    // One push in flight at a time: a PushSplit is in before the writer's next batches are laid
+    // out, so where each batch goes does not depend on timing.
+    conf = TransportClientTest.conf(Map.of("sluice.client.pushBatchBytes", "256",
+        "sluice.client.maxInFlightBytes", "1"));
     factory = new TransportClientFactory(conf, APP);
     coord = new CoordinatorClient(factory, List.of(coordinator.hostPort()));
   }

@@ -164,9 +164,13 @@ public abstract class SluiceShuffleManagerBase implements ShuffleManager {
         context, metrics, conf, factory(h.appId()), shims, generations);
   }
 
-  /** Driver: deletes the shuffle's data on the servers. Executors hold no per-shuffle state. */
+  /**
+   * Driver: deletes the shuffle's data on the servers. Both: forget the split partitions kept for
+   * its readers, the only per-shuffle state of an executor.
+   */
   @Override
   public boolean unregisterShuffle(int shuffleId) {
+    generations.forget(shuffleId);
     SluiceDriver d;
     synchronized (this) {
       d = driver;

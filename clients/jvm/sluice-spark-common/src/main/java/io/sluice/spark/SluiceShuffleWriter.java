@@ -1,5 +1,6 @@
 package io.sluice.spark;
 
+import io.sluice.client.CoordinatorClient;
 import io.sluice.client.ShuffleWriterClient;
 import io.sluice.client.SluiceException;
 import io.sluice.client.TransportClientFactory;
@@ -96,8 +97,11 @@ final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
   @Override
   public void write(Iterator<Product2<K, V>> records) throws IOException {
     generation = generations.forWriter(handle);
+    // The coordinator tells the writer the shuffle's split partitions and gives a partition its
+    // next part when a server answers a push of it with PushSplit.
     client = new ShuffleWriterClient(factory, conf.client(), handle.appId(),
-        generation.wireShuffleId(), mapIndex(), attemptId(), generation.assignment());
+        generation.wireShuffleId(), mapIndex(), attemptId(), generation.assignment(),
+        new CoordinatorClient(factory));
     buffers = RecordBuffers.create(dep.serializer(), numPartitions);
     memory = new WriterMemory(context.taskMemoryManager(), new WriterMemory.Buffers() {
       @Override
