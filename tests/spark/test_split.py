@@ -17,6 +17,7 @@ import pytest
 
 from conftest import (COMMON_CONF, MODES, ROOT, SluiceCluster, classpath_conf, scrape,
                       sluice_conf, start_app)
+from test_spark import counter
 
 SPLIT_THRESHOLD_BYTES = 256 << 10
 N = 120_000
@@ -79,10 +80,6 @@ def split_app(request, spark_cluster):
         a.close()
         if not os.environ.get("SLUICE_KEEP"):
             shutil.rmtree(work, ignore_errors=True)
-
-
-def counter(counters, name):
-    return sum(v for k, v in counters.items() if k == name or k.startswith(name + "{"))
 
 
 def check(split_app, name, job):

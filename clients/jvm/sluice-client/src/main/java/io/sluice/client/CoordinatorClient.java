@@ -164,8 +164,8 @@ public final class CoordinatorClient {
   /**
    * Commits the shuffle on every server of the assignment and returns the bytes stored per
    * partition (batch headers included): the sum over its parts ({@link #getSplits}, asked once
-   * the servers committed) of each part's size, the larger of its two reports with replication.
-   * A server that fails (see {@link SluiceException#isServerFailure()}) is tolerated, with
+   * the servers committed) of each part's size, the larger of its two reports with replication
+   * (the first part's only, with a warning, when no coordinator can say). A server that fails (see {@link SluiceException#isServerFailure()}) is tolerated, with
    * replication, as long as every part of every partition has a server that committed: writers
    * went on with the other copy, readers read it. Otherwise the failure is thrown.
    */
@@ -205,7 +205,16 @@ public final class CoordinatorClient {
         sizes[p] = ps.bytes();
       }
     }
-    ShuffleSplits splits = getSplits(appId, a);
+    ShuffleSplits splits;
+    try {
+      splits = getSplits(appId, a);
+    } catch (SluiceException e) {
+      // The commit itself is the servers'; what the coordinator adds is where split partitions
+      // went on. Without it the sizes count each partition's first part only.
+      LOG.warn("Shuffle {} committed, but its splits are unknown ({}): sizes count each "
+          + "partition's first part only", a.shuffleId(), e.getMessage());
+      splits = ShuffleSplits.NONE;
+    }
     long[] total = new long[a.numPartitions()];
     for (int p = 0; p < a.numPartitions(); p++) {
       for (ShuffleSplits.Part part : splits.parts(a, p)) {
