@@ -41,8 +41,8 @@ import org.slf4j.LoggerFactory;
  * partitions ({@code GetSplits}) and sends each one's batches to its last part. A push answered
  * {@code PushSplit} was stored; for each partition it lists, the writer asks the coordinator once
  * for a new part ({@code SplitPartition} with the parts it knows, from its own thread, before its
- * next batch) and sends that partition's later batches to the new part's primary (and replica).
- * Batches laid out or in flight for the old part still go there. When the coordinator cannot be
+ * next batch or in {@link #finish()}) and sends that partition's later batches to the new part's
+ * primary (and replica). Batches laid out or in flight for the old part still go there. When the coordinator cannot be
  * asked, the writer goes on with the parts it knows: a split threshold is soft.
  *
  * <p>{@link #finish()} waits for every acknowledgement, sends {@code MapperEnd} with the batches
@@ -246,6 +246,12 @@ public final class ShuffleWriterClient implements AutoCloseable {
       flush(s);
     }
     scheduler.drain();
+    if (routes.hasRequests()) {
+      // Pushes answered PushSplit after the last batch was laid out: split now all the same, so
+      // that writers starting from here on (GetSplits) leave the full server alone. Without
+      // this, a map whose whole output fits a few pushes would never split anything.
+      askSplits();
+    }
     mapEnds.report(routes);
     scheduler.throwIfFailed();
     finished = true;

@@ -208,6 +208,30 @@ class SplitRoundTripTest {
   }
 
   @Test
+  void aWriterToldToSplitAfterItsLastBatchStillAsks() {
+    ShuffleAssignment a = shuffle(5, 3, 2, 1);
+    coordinator.splitTargets = List.of(new Assignment.PartitionLoc(2, Assignment.NO_REPLICA));
+    s(0).splitThresholdBytes = 100;
+    // Everything in one push: its PushSplit comes back once the last batch is laid out.
+    SluiceConf big = conf.with("sluice.client.pushBatchBytes", "64k")
+        .with("sluice.client.maxInFlightBytes", "64m");
+    try (ShuffleWriterClient w = new ShuffleWriterClient(factory, big, APP, a.shuffleId(), 0, 0,
+        a, coord)) {
+      for (int i = 0; i < 10; i++) {
+        w.addBatch(0, payload(0, 0, 0, i).getBytes(StandardCharsets.UTF_8));
+      }
+      w.finish();
+    }
+    assertEquals(1, coordinator.splitAsks.size());
+    assertEquals(10, counted(s(0), 0, 0));
+    assertEquals(0, counted(s(2), 0, 0), "nothing was left to move");
+    writeMap(a, 1, 0, 10, 0);
+    assertEquals(10, counted(s(2), 1, 0), "the next writer starts on the new part");
+    coord.commitShuffle(APP, a);
+    assertEquals(expected(0, 0, 10, 0, 1), read(a, 0, 0, 2, List.of()));
+  }
+
+  @Test
   void withoutACoordinatorAnswerTheWriterStaysOnItsPart() {
     ShuffleAssignment a = shuffle(4, 3, 1, 1);
     s(0).splitThresholdBytes = 300;
