@@ -18,7 +18,10 @@ import io.sluice.protocol.UnregisterShuffle;
 import java.util.ArrayList;
 import java.util.Collection;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionException;
+import java.util.concurrent.ConcurrentHashMap;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -30,6 +33,10 @@ import org.slf4j.LoggerFactory;
  * connection fails or the answer is retriable; a non-retriable error answer is thrown as it is.
  * Server calls retry retriable errors up to {@code maxRetries} times with a doubling wait.
  *
+ * <p>Asks for splits ({@link #splitPartition}) are shared: the writers of a process that ask for a
+ * new part of the same partition at the same part count at once make one request, and all get its
+ * answer. So a process shares one instance among its writers.
+ *
  * <p>Thread-safe. Does not own the factory.
  */
 public final class CoordinatorClient {
@@ -39,6 +46,13 @@ public final class CoordinatorClient {
   private final SluiceConf conf;
   private final List<String> coordinators;
   private volatile int current;
+
+  /** One partition of one shuffle asked to split at a part count. */
+  private record SplitAsk(String appId, int shuffleId, int partition, int knownParts) {}
+
+  /** Asks under way, each with the answer its askers wait for; removed once answered. */
+  private final Map<SplitAsk, CompletableFuture<List<ShuffleSplits.Part>>> splitting =
+      new ConcurrentHashMap<>();
 
   /** With the coordinators of {@code sluice.coordinators}. */
   public CoordinatorClient(TransportClientFactory factory) {
@@ -130,6 +144,30 @@ public final class CoordinatorClient {
    *     made, more when others split it meanwhile, unchanged when no server could take a part
    */
   public List<ShuffleSplits.Part> splitPartition(String appId, ShuffleAssignment a, int partition,
+      int knownParts) {
+    SplitAsk key = new SplitAsk(appId, a.shuffleId(), partition, knownParts);
+    CompletableFuture<List<ShuffleSplits.Part>> mine = new CompletableFuture<>();
+    CompletableFuture<List<ShuffleSplits.Part>> asked = splitting.putIfAbsent(key, mine);
+    if (asked != null) {
+      try {
+        return asked.join(); // another writer of this process asks the same: its answer
+      } catch (CompletionException e) {
+        throw SluiceException.of(e);
+      }
+    }
+    try {
+      List<ShuffleSplits.Part> parts = askSplit(appId, a, partition, knownParts);
+      mine.complete(parts);
+      return parts;
+    } catch (RuntimeException e) {
+      mine.completeExceptionally(e);
+      throw e;
+    } finally {
+      splitting.remove(key, mine);
+    }
+  }
+
+  private List<ShuffleSplits.Part> askSplit(String appId, ShuffleAssignment a, int partition,
       int knownParts) {
     Splits s = toSplits(callCoordinator(
         new SplitPartition(appId, a.shuffleId(), partition, knownParts)));

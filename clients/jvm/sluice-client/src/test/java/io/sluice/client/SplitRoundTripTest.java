@@ -8,6 +8,7 @@ import io.netty.buffer.ByteBuf;
 import io.sluice.protocol.Assignment;
 import io.sluice.protocol.ErrorCode;
 import io.sluice.protocol.MapperEnd;
+import io.sluice.protocol.Message;
 import io.sluice.protocol.OpenStream;
 import io.sluice.protocol.PushMerged;
 import java.nio.charset.StandardCharsets;
@@ -16,6 +17,9 @@ import java.util.Collections;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
@@ -232,11 +236,35 @@ class SplitRoundTripTest {
   }
 
   @Test
+  void concurrentAsksOfAProcessForOnePartitionAndPartCountAreOne() throws Exception {
+    ShuffleAssignment a = shuffle(6, 3, 1, 1);
+    coordinator.splitTargets = List.of(new Assignment.PartitionLoc(2, Assignment.NO_REPLICA));
+    coordinator.responseDelayMs = 300;
+    List<Future<List<ShuffleSplits.Part>>> answers = new ArrayList<>();
+    ExecutorService pool = Executors.newFixedThreadPool(4);
+    try {
+      for (int i = 0; i < 4; i++) {
+        answers.add(pool.submit(() -> coord.splitPartition(APP, a, 0, 1)));
+        Thread.sleep(20);
+      }
+      for (Future<List<ShuffleSplits.Part>> f : answers) {
+        assertEquals(List.of(new ShuffleSplits.Part(0, -1), new ShuffleSplits.Part(2, -1)),
+            f.get());
+      }
+    } finally {
+      pool.shutdownNow();
+    }
+    assertEquals(1, coordinator.splitAsks.size());
+    coord.splitPartition(APP, a, 0, 1); // answered: a later ask goes out again
+    assertEquals(2, coordinator.splitAsks.size());
+  }
+
+  @Test
   void withoutACoordinatorAnswerTheWriterStaysOnItsPart() {
     ShuffleAssignment a = shuffle(4, 3, 1, 1);
     s(0).splitThresholdBytes = 300;
-    coordinator.ignore.add(io.sluice.protocol.Message.Type.SPLIT_PARTITION);
-    coordinator.ignore.add(io.sluice.protocol.Message.Type.GET_SPLITS);
+    coordinator.ignore.add(Message.Type.SPLIT_PARTITION);
+    coordinator.ignore.add(Message.Type.GET_SPLITS);
     SluiceConf quick = conf.with("sluice.client.requestTimeoutMs", "200")
         .with("sluice.client.maxRetries", "0");
     try (TransportClientFactory f = new TransportClientFactory(quick, APP);

@@ -65,13 +65,14 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
   private final ShuffleReadMetricsReporter metrics;
   private final SluiceSparkConf conf;
   private final TransportClientFactory factory;
+  private final CoordinatorClient coordinator;
   private final SparkShims shims;
   private final ShuffleGenerations generations;
 
   SluiceShuffleReader(SluiceShuffleHandle<K, ?, C> handle, int startMapIndex, int endMapIndex,
       int startPartition, int endPartition, TaskContext context,
       ShuffleReadMetricsReporter metrics, SluiceSparkConf conf, TransportClientFactory factory,
-      SparkShims shims, ShuffleGenerations generations) {
+      CoordinatorClient coordinator, SparkShims shims, ShuffleGenerations generations) {
     this.handle = handle;
     this.dep = handle.dependency();
     this.startMapIndex = startMapIndex;
@@ -82,6 +83,7 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
     this.metrics = metrics;
     this.conf = conf;
     this.factory = factory;
+    this.coordinator = coordinator;
     this.shims = shims;
     this.generations = generations;
   }
@@ -113,8 +115,7 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
     // Parts of split partitions: asked of a coordinator once per executor and generation. Failing
     // to learn them says nothing about the data, so it fails the task (Spark retries it), not the
     // generation.
-    ShuffleSplits splits = generations.splits(generation, handle.appId(),
-        new CoordinatorClient(factory));
+    ShuffleSplits splits = generations.splits(generation, handle.appId(), coordinator);
     RecordIterator records = new RecordIterator(generation, splits, outputs);
     context.addTaskCompletionListener((TaskCompletionListener) ctx -> records.close());
 
