@@ -5,6 +5,7 @@ import io.sluice.client.ShuffleSplits;
 import io.sluice.client.SluiceException;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionException;
 import java.util.concurrent.ConcurrentHashMap;
 import org.apache.spark.SparkEnv;
 import org.apache.spark.rpc.RpcEndpointRef;
@@ -72,7 +73,11 @@ final class ShuffleGenerations {
     Splits mine = new Splits(g.sparkShuffleId(), new CompletableFuture<>());
     Splits known = splits.putIfAbsent(g.wireShuffleId(), mine);
     if (known != null) {
-      return known.parts().join();
+      try {
+        return known.parts().join();
+      } catch (CompletionException e) {
+        throw SluiceException.of(e);
+      }
     }
     try {
       ShuffleSplits s = coordinator.getSplits(appId, g.assignment());
