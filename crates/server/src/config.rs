@@ -35,6 +35,11 @@ pub struct ServerConfig {
     /// A partition buffer this large is flushed as one chunk, in bytes; also the chunk size
     /// readers fetch.
     pub chunk_bytes: u64,
+    /// A partition whose data on this server reaches this many bytes is split: pushes to it are
+    /// answered `PushSplit`, and its writers move on to a new part on another server (see
+    /// docs/protocol.md, "Partition splits"). 0: never on size (a server whose disks are nearly
+    /// full still splits).
+    pub split_threshold_bytes: u64,
     /// Flusher threads per data directory.
     pub flushers_per_dir: usize,
     /// Bytes of a flush each `pwritev` carries at most (each ends at a multiple of this in the
@@ -98,6 +103,7 @@ impl Default for ServerConfig {
             busy_backoff_ms: 50,
             busy_hold_ms: 100,
             chunk_bytes: 4 << 20,
+            split_threshold_bytes: 1 << 30,
             flushers_per_dir: 2,
             flush_write_bytes: 256 << 10,
             flusher_nice: 0,

@@ -392,7 +392,7 @@ impl Harness {
             num_partitions: PARTITIONS,
             ..Default::default()
         };
-        self.apps.register_shuffle(&r, CHUNK_BYTES, self.now).expect("registers");
+        self.apps.register_shuffle(&r, CHUNK_BYTES, 0, self.now).expect("registers");
         self.shuffle = Some(self.apps.shuffle(APP, SHUFFLE).expect("registered"));
         self.storage.deleted.set(false);
         self.buffered = vec![Vec::new(); PARTITIONS as usize];
@@ -697,8 +697,9 @@ impl Harness {
         o.attempts
             .iter()
             .map(|a| match count(a.map_id, a.attempt_id) {
-                Some(n) if n > 0 => Ok((a.map_id, a.attempt_id, n)),
-                _ => Err(ErrorCode::DataLost),
+                // Ended here with nothing in the partition: read as nothing (a split's part).
+                Some(n) => Ok((a.map_id, a.attempt_id, n)),
+                None => Err(ErrorCode::DataLost),
             })
             .collect()
     }

@@ -243,7 +243,12 @@ impl ServerState {
             Message::UnregisterApp(r) => Ok(self.remove_app(&r.app_id, "unregistered")),
             Message::RegisterShuffle(r) => self
                 .apps
-                .register_shuffle(&r, self.config.chunk_bytes, Instant::now())
+                .register_shuffle(
+                    &r,
+                    self.config.chunk_bytes,
+                    self.config.split_threshold_bytes,
+                    Instant::now(),
+                )
                 .map(|()| Response::msg(OkMsg {})),
             Message::UnregisterShuffle(r) => self.unregister_shuffle(&r.app_id, r.shuffle_id),
             Message::CommitShuffle(c) => self.commit(&c.app_id, c.shuffle_id).await,
@@ -292,7 +297,24 @@ impl ServerState {
         if self.budget.pressure() != Pressure::Normal {
             self.relieve_pressure();
         }
-        Ok(Response::msg(PushAck {}))
+        let mut split = pushed.split;
+        if self.disks_nearly_full() {
+            // Whatever is buffered must still fit: every partition of the push moves on.
+            split = sections.iter().map(|s| s.partition_id).collect();
+            split.dedup();
+        }
+        if split.is_empty() {
+            return Ok(Response::msg(PushAck {}));
+        }
+        self.stats.split_replies.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(shuffle = %shuffle.key(), partitions = ?split, "push stored; partitions split");
+        Ok(Response::msg(PushSplit { partitions: split }))
+    }
+
+    /// Less room left on the disks, above their reserve, than the memory budget: what the
+    /// server buffers might not fit, so partitions move on to other servers (`PushSplit`).
+    pub(crate) fn disks_nearly_full(&self) -> bool {
+        self.storage.room_seen() < self.budget.capacity()
     }
 
     /// Hands flush plans to the flushers.

@@ -9,6 +9,8 @@ pub struct Stats {
     pub push_requests: AtomicU64,
     pub pushed_bytes: AtomicU64,
     pub busy_replies: AtomicU64,
+    /// Pushes answered `PushSplit`: stored, and some partition of theirs moves on to a new part.
+    pub split_replies: AtomicU64,
     /// Pushes that found no memory and were held unread (`busy_hold_ms`), and for how long in
     /// all, in microseconds.
     pub pushes_held: AtomicU64,
@@ -42,6 +44,7 @@ impl Stats {
             ("sluice_server_push_requests_total", g(&self.push_requests)),
             ("sluice_server_pushed_bytes_total", g(&self.pushed_bytes)),
             ("sluice_server_busy_replies_total", g(&self.busy_replies)),
+            ("sluice_server_split_replies_total", g(&self.split_replies)),
             ("sluice_server_pushes_held_total", g(&self.pushes_held)),
             ("sluice_server_push_hold_microseconds_total", g(&self.push_hold_us)),
             ("sluice_server_flushed_bytes_total", g(&self.flushed_bytes)),

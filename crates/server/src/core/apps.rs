@@ -72,6 +72,7 @@ impl<F: Clone> Apps<F> {
         &self,
         r: &RegisterShuffle,
         chunk_bytes: u64,
+        split_bytes: u64,
         now: Instant,
     ) -> Result<(), Refusal> {
         let mut apps = self.apps.lock();
@@ -89,7 +90,8 @@ impl<F: Clone> Apps<F> {
             Some(_) => Ok(()),
             None => {
                 let key = ShuffleKey::new(&r.app_id, r.shuffle_id);
-                let s = Shuffle::new(key, r.num_maps, r.num_partitions, chunk_bytes);
+                let s = Shuffle::new(key, r.num_maps, r.num_partitions, chunk_bytes)
+                    .with_split_bytes(split_bytes);
                 app.shuffles.insert(r.shuffle_id, Arc::new(s));
                 Ok(())
             }

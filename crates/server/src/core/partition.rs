@@ -197,6 +197,12 @@ impl<F: Clone> Partition<F> {
         }
     }
 
+    /// Bytes held: written or being written (page-padded, as the file cursors stand) and
+    /// buffered. What the split threshold is compared with.
+    pub fn held_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.cursor).sum::<u64>() + self.buffer.bytes
+    }
+
     /// Bytes in the buffer, not yet handed to a writer.
     pub fn buffered_bytes(&self) -> u64 {
         self.buffer.bytes

@@ -59,6 +59,9 @@ pub struct Pushed<F> {
     /// `Ok` when every section was stored; a refusal stops at the section it names (the
     /// sections before it were stored).
     pub result: Result<(), Refusal>,
+    /// Partitions of the push whose data here reached the shuffle's split threshold (each
+    /// once, in the push's order).
+    pub split: Vec<u32>,
 }
 
 /// What starting a commit handed out.
@@ -79,6 +82,8 @@ pub struct Shuffle<F> {
     /// A buffer is flushed once it holds this many bytes; a section that would take a non-empty
     /// buffer past it sends the buffer first, so no chunk exceeds it but a single section.
     chunk_bytes: u64,
+    /// A partition holding this many bytes is split ([`Pushed::split`]); `u64::MAX`: never.
+    split_bytes: u64,
     /// A [`Lifecycle`]: an atomic, because every push section reads it.
     lifecycle: AtomicU8,
     partitions: Box<[Mutex<Partition<F>>]>,
@@ -101,6 +106,7 @@ impl<F: Clone> Shuffle<F> {
             key,
             num_maps,
             chunk_bytes,
+            split_bytes: u64::MAX,
             lifecycle: AtomicU8::new(Lifecycle::Open as u8),
             partitions: (0..num_partitions).map(|_| Mutex::new(Partition::default())).collect(),
             maps: Mutex::new(MapEnds::default()),
@@ -108,6 +114,12 @@ impl<F: Clone> Shuffle<F> {
             lost: None,
             parked: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Splits a partition once it holds `bytes` here ([`Pushed::split`]); 0: never.
+    pub fn with_split_bytes(mut self, bytes: u64) -> Self {
+        self.split_bytes = if bytes == 0 { u64::MAX } else { bytes };
+        self
     }
 
     /// Whether a restart would lose something of it: it is not committed and holds data (pushed
@@ -180,6 +192,7 @@ impl<F: Clone> Shuffle<F> {
             key,
             num_maps: d.num_maps,
             chunk_bytes: d.chunk_bytes,
+            split_bytes: u64::MAX,
             lifecycle: AtomicU8::new(lifecycle as u8),
             partitions: partitions.collect(),
             maps: Mutex::new(d.maps),
@@ -289,10 +302,15 @@ impl<F: Clone> Shuffle<F> {
         reservation: Option<Reservation>,
         files: &impl FileSource<F>,
     ) -> Pushed<F> {
-        let (mut flushes, mut stored) = (Vec::new(), 0);
-        let result =
-            self.push_sections(sections, body, reservation, files, &mut flushes, &mut stored);
-        Pushed { flushes, stored, result }
+        let (mut flushes, mut stored, mut split) = (Vec::new(), 0, Vec::new());
+        let result = self.push_sections(
+            sections,
+            body,
+            reservation,
+            files,
+            (&mut flushes, &mut stored, &mut split),
+        );
+        Pushed { flushes, stored, result, split }
     }
 
     fn push_sections(
@@ -301,8 +319,7 @@ impl<F: Clone> Shuffle<F> {
         body: &Bytes,
         reservation: Option<Reservation>,
         files: &impl FileSource<F>,
-        flushes: &mut Vec<FlushPlan<F>>,
-        stored: &mut usize,
+        (flushes, stored, split): (&mut Vec<FlushPlan<F>>, &mut usize, &mut Vec<u32>),
     ) -> Result<(), Refusal> {
         self.check_open()?;
         let nparts = self.num_partitions();
@@ -357,6 +374,9 @@ impl<F: Clone> Shuffle<F> {
             });
             p.append(slices, len, reservation.as_ref());
             *stored += 1;
+            if p.held_bytes() >= self.split_bytes && !split.contains(&pid) {
+                split.push(pid);
+            }
             if p.buffered_bytes() >= self.chunk_bytes {
                 flushes.extend(self.take_locked(pid, &mut p, files)?);
             }

@@ -56,7 +56,7 @@ fn register(apps: &Apps<u32>, app: &str, num_maps: u32, chunk_bytes: u64, now: I
         num_partitions: num_maps,
         ..Default::default()
     };
-    apps.register_shuffle(&r, chunk_bytes, now).unwrap();
+    apps.register_shuffle(&r, chunk_bytes, 0, now).unwrap();
 }
 
 fn stream(partition_id: u32) -> OpenStream {
@@ -390,4 +390,35 @@ fn an_empty_open_shuffle_parks_and_comes_back_open_one_with_data_does_not_park()
     assert!(back.unsealed_with_data());
     assert!(!back.park());
     assert!(back.push(&[section(1, &body)], &body, None, &files).result.is_ok(), "not left parked");
+}
+
+#[test]
+fn a_partition_reaching_the_split_threshold_is_named_in_each_push_from_then_on() {
+    let files = Numbers::default();
+    let budget = MemoryBudget::new(1 << 20, 0.9, 0.95, 0.5);
+    // Chunks of 100 bytes (each push is flushed at once): the threshold counts flushed bytes
+    // (page-padded, as the file cursor stands) and buffered ones alike.
+    let s = shuffle(100).with_split_bytes(4096);
+    let body = batch_body(0, 0, 200);
+    let push = |p: u32| s.push(&[section(p, &body)], &body, budget.try_reserve(220), &files);
+    let first = push(1);
+    assert!(first.split.is_empty(), "220 bytes held: under the threshold");
+    let second = push(1);
+    assert_eq!(second.split, vec![1], "a page written and 220 bytes held: past it");
+    let other = push(0);
+    assert!(other.split.is_empty(), "partition 0 holds 220 bytes");
+    let third = push(1);
+    assert_eq!(third.split, vec![1], "still past it: every push says so");
+    for p in [first, second, other, third] {
+        for plan in p.flushes {
+            s.flushed(plan, FlushOutcome::Written);
+        }
+    }
+    // 0: never on size.
+    let never = shuffle(100).with_split_bytes(0);
+    let pushed = never.push(&[section(1, &body)], &body, budget.try_reserve(220), &files);
+    assert!(pushed.split.is_empty());
+    for plan in pushed.flushes {
+        never.flushed(plan, FlushOutcome::Written);
+    }
 }
