@@ -57,6 +57,8 @@ def test_a_server_whose_disk_fills_mid_job_splits_and_the_job_is_right(spark_clu
         conf.update(sluice_conf(cluster))
         conf["spark.sluice.writer.partitionBufferBytes"] = "64k"
         conf["spark.sluice.writer.bufferBytes"] = "1m"
+        # The padding would compress to nothing: the shuffle's bytes must be real.
+        conf["spark.shuffle.compress"] = "false"
         spark = start_app("sluice-split-disk", conf, work / "events")
         sc = spark.sparkContext
 
@@ -75,8 +77,10 @@ def test_a_server_whose_disk_fills_mid_job_splits_and_the_job_is_right(spark_clu
                .partitionBy(6).mapPartitions(sum_count, preservesPartitioning=True))
         assert sorted(rdd.collect()) == EXPECTED
 
-        splits = scrape(cluster.server_metrics[0]).get("sluice_server_split_replies_total", 0)
-        assert splits > 0, "server 0's disk filled without a split"
+        m = scrape(cluster.server_metrics[0])
+        splits = m.get("sluice_server_split_replies_total", 0)
+        pushed = m.get("sluice_server_pushed_bytes_total", 0)
+        assert splits > 0, f"server 0 took {pushed / 2**20:.1f} MiB on a 40 MiB disk without a split"
         log = (cluster.work_dir / "server0.log")
         text = log.read_text() if log.exists() else ""
         assert "partition lost" not in text, text[-4000:]
