@@ -663,9 +663,28 @@ impl Coordinator {
                 .await?
                 .next()
                 .ok_or_else(|| std::io::Error::other("no address"))?;
-            let conn = self.peer_pool().get(addr).await.map_err(std::io::Error::other)?;
-            let reply = conn.request(msg, sluice_transport::Body::Empty).await;
-            reply.map(|r| r.message).map_err(std::io::Error::other)
+            // Twice: a pooled connection to a peer that restarted since fails at once, and
+            // the second try connects anew (a lost unregistration would stay lost).
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let conn = self.peer_pool().get(addr).await.map_err(std::io::Error::other);
+                let reply = match conn {
+                    Ok(c) => c.request(msg.clone(), sluice_transport::Body::Empty).await,
+                    Err(e) if tries < 2 => {
+                        tracing::debug!(peer = %peer, error = %e, "peer connection failed; once more");
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                match reply {
+                    Ok(r) => return Ok(r.message),
+                    Err(e) if tries < 2 => {
+                        tracing::debug!(peer = %peer, error = %e, "peer request failed; once more")
+                    }
+                    Err(e) => return Err(std::io::Error::other(e)),
+                }
+            }
         };
         match tokio::time::timeout(limit, call).await {
             Ok(Ok(m)) => Some(m),
