@@ -82,6 +82,10 @@ pub struct ServerConfig {
     /// Bearer token the admin API's write endpoints (drain) require; `None`: they are open.
     /// At least 16 characters.
     pub admin_token: Option<String>,
+    /// Limits per application and per user on what they hold on this server (`[quotas]`:
+    /// `app`, `user` and `users.<name>`, each with `buffered_bytes`, `disk_bytes`,
+    /// `object_store_bytes`; 0: no limit). None by default.
+    pub quotas: crate::quota::QuotaConfig,
 }
 
 impl Default for ServerConfig {
@@ -112,6 +116,7 @@ impl Default for ServerConfig {
             heartbeat_interval_ms: 1_000,
             transport: sluice_transport::ServerConfig::default(),
             admin_token: None,
+            quotas: crate::quota::QuotaConfig::default(),
         }
     }
 }
@@ -154,6 +159,9 @@ impl ServerConfig {
         }
         if self.heartbeat_interval_ms == 0 || self.app_expiry_ms == 0 {
             return Err("heartbeat_interval_ms and app_expiry_ms must be positive".into());
+        }
+        if self.quotas.users.keys().any(|u| u.is_empty()) {
+            return Err("quotas.users: a user name is empty".into());
         }
         sluice_transport::validate_admin_token(self.admin_token.as_deref())?;
         self.transport.validate().map_err(|e| format!("transport: {e}"))

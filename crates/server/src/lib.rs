@@ -15,6 +15,8 @@
 //! - `storage`: data directories, chosen by free space, taken out of service on failure; the
 //!   recycle pool.
 //! - `memory_budget`: reservations and watermarks for buffered data.
+//! - `quota`: per-application and per-user limits on buffered, stored and object-store bytes,
+//!   checked when a push is admitted.
 //! - `config`: the server's configuration ([`ServerConfig`]).
 //! - `stats`: counters exported as Prometheus text.
 //! - `status`: read-only views for operators ([`ServerHandle`]: status, disks, metrics, the
@@ -33,6 +35,7 @@ mod flusher;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 mod memory_budget;
+mod quota;
 mod state;
 mod stats;
 mod status;
@@ -238,6 +241,8 @@ impl Server {
         let stored = per_app(|a| a.shuffles.iter().map(|s| s.stored_bytes).sum());
         stats::Stats::labelled(&mut out, "sluice_server_app_buffered_bytes", "app", &buffered);
         stats::Stats::labelled(&mut out, "sluice_server_app_stored_bytes", "app", &stored);
+        let refusals = state.quota_refusals();
+        stats::Stats::labelled(&mut out, "sluice_server_quota_refusals_total", "quota", &refusals);
         // Per data directory: free space and size (statvfs each, once per scrape).
         let dirs = state.storage.dirs();
         let per_dir = |f: fn(&storage::DataDir) -> u64| -> Vec<(String, u64)> {

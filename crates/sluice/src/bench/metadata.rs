@@ -2,8 +2,9 @@
 //! costs in metadata, on one real server and a coordinator started as child processes.
 //!
 //! The shuffle is registered with the coordinator; every map pushes one small batch to each of
-//! its partitions (every partition by default: `--fraction 1`; a fraction `f` has map `m` push
-//! to partition `p` when `(m * 7919 + p) mod 1000 < f * 1000`), then sends its `MapperEnd`;
+//! its partitions (every partition by default: `--fraction 1`; a fraction `f` has each map push
+//! to `k = round(f * partitions)` partitions, `k` in a row from `m * 7919 mod partitions`,
+//! wrapping), then sends its `MapperEnd`;
 //! the shuffle is committed; every partition is opened as a stream and read back, and the bytes
 //! read are checked against the bytes pushed.
 //!
@@ -60,9 +61,10 @@ pub struct MetadataArgs {
     pub json: bool,
 }
 
-/// Whether map `m` pushes to partition `p` at `permille` of the pairs.
-fn pushes_to(m: u32, p: u32, permille: u64) -> bool {
-    permille >= 1000 || (m as u64 * 7919 + p as u64) % 1000 < permille
+/// Whether map `m` pushes to partition `p` of `parts` when each map pushes to `k` of them.
+fn pushes_to(m: u32, p: u32, k: u32, parts: u32) -> bool {
+    let start = (m as u64 * 7919 % parts as u64) as u32;
+    (p + parts - start) % parts < k
 }
 
 /// A batch payload that names its map and partition (so a mix-up would change the bytes read).
@@ -80,7 +82,7 @@ async fn push_all(
     client: &ShuffleClient,
     a: &Arc<Assignment>,
     args: &MetadataArgs,
-    permille: u64,
+    k: u32,
 ) -> anyhow::Result<u64> {
     let next = Arc::new(AtomicU32::new(0));
     let pushed = Arc::new(AtomicU64::new(0));
@@ -95,7 +97,7 @@ async fn push_all(
                 }
                 let mut w = client.writer(a.clone(), m, 0).await?;
                 let mut bytes = 0;
-                for p in (0..parts).filter(|&p| pushes_to(m, p, permille)) {
+                for p in (0..parts).filter(|&p| pushes_to(m, p, k, parts)) {
                     w.add_batch(p, &payload(m, p, len)).await?;
                     bytes += len as u64;
                 }
@@ -149,10 +151,8 @@ pub async fn run(args: MetadataArgs) -> anyhow::Result<()> {
         args.fraction
     );
     anyhow::ensure!(args.maps > 0 && args.partitions > 0, "--maps and --partitions must be > 0");
-    let permille = (args.fraction * 1000.0).round() as u64;
-    let pairs: u64 = (0..args.maps)
-        .map(|m| (0..args.partitions).filter(|&p| pushes_to(m, p, permille)).count() as u64)
-        .sum();
+    let k = ((args.fraction * args.partitions as f64).round() as u32).clamp(1, args.partitions);
+    let pairs = args.maps as u64 * k as u64;
     let cluster = Cluster::start(&ClusterSpec {
         admin_token: None,
         servers: 1,
@@ -172,7 +172,7 @@ pub async fn run(args: MetadataArgs) -> anyhow::Result<()> {
     let register_s = secs(t);
 
     let t = Instant::now();
-    let pushed = push_all(&client, &a, &args, permille).await?;
+    let pushed = push_all(&client, &a, &args, k).await?;
     let push_s = secs(t);
     let server_rss_pushed = server.rss_bytes();
 
