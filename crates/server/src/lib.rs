@@ -231,6 +231,7 @@ impl Server {
             ("sluice_server_ktls_available", u64::from(sluice_transport::ktls_available())),
             ("sluice_server_shuffles_held", state.shuffles_held() as u64),
             ("sluice_server_partitions_held", u64::from(state.partitions_held())),
+            ("sluice_server_metadata_bytes", state.metadata_bytes()),
         ]);
         // Per application: what its shuffles hold in memory and in files.
         let apps = state.apps_report();

@@ -612,6 +612,11 @@ impl ServerState {
         true
     }
 
+    /// Bytes the shuffles' metadata takes on the heap (for metrics).
+    pub(crate) fn metadata_bytes(&self) -> u64 {
+        self.apps.metadata_bytes()
+    }
+
     /// Pushes refused per quota (`app.disk_bytes`, ...), every quota listed (for metrics).
     pub(crate) fn quota_refusals(&self) -> Vec<(String, u64)> {
         self.quotas.refusals()

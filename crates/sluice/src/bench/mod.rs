@@ -41,7 +41,10 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Push(args) => runtime()?.block_on(shuffle::push(args)),
         BenchCommand::Fetch(args) => runtime()?.block_on(shuffle::fetch(args)),
         BenchCommand::Connections(args) => runtime()?.block_on(connections::run(args)),
-        BenchCommand::Metadata(args) => runtime()?.block_on(metadata::run(args)),
+        BenchCommand::Metadata(args) => {
+            metadata::before_runtime();
+            runtime()?.block_on(metadata::run(args))
+        }
         BenchCommand::PushSink(args) => push_baseline::run_sink(args),
         BenchCommand::Read(args) => runtime()?.block_on(shuffle::read(args)),
     }
