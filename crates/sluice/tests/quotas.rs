@@ -81,6 +81,29 @@ fn quota_error(r: Result<Vec<u64>, ClientError>) -> String {
     }
 }
 
+/// Shuffle `id` of each application at the same time, `(batches, bytes each)`: the hog's must
+/// be refused with `QUOTA_EXCEEDED` (its message returned), the good one's read back whole.
+async fn race(
+    hog: &ShuffleClient,
+    (hog_batches, hog_len): (u32, u64),
+    good: &ShuffleClient,
+    (good_batches, good_len): (u32, u64),
+    id: u32,
+) -> String {
+    let hog_a = hog.register_shuffle(id, 1, 1, 1).await.unwrap();
+    let good_a = good.register_shuffle(id, 1, 1, 1).await.unwrap();
+    let (hog_r, good_r) = bounded("both writers", 60, async {
+        tokio::join!(
+            write(hog, &hog_a, hog_batches, hog_len as usize),
+            write(good, &good_a, good_batches, good_len as usize)
+        )
+    })
+    .await;
+    good_r.expect("the other application's pushes go on");
+    commit_and_check(good, &good_a, good_batches, good_len as usize).await;
+    quota_error(hog_r)
+}
+
 async fn refusals(server: &Proc, quota: &str) -> f64 {
     let m = server.metrics().await;
     *m.get(&format!("sluice_server_quota_refusals_total{{quota=\"{quota}\"}}"))
@@ -97,40 +120,17 @@ async fn an_app_over_its_disk_or_memory_quota_is_refused_and_the_other_goes_on()
     let (coordinator, server) = cluster(&scratch, &sets).await;
     let hog = app(&coordinator, "hog", "").await;
     let good = app(&coordinator, "good", "").await;
-    let hog_a = hog.register_shuffle(1, 1, 1, 1).await.unwrap();
-    let good_a = good.register_shuffle(1, 1, 1, 1).await.unwrap();
-
     // At the same time: the hog pushes 3 MiB in 16 KiB batches (past its 1 MiB disk quota),
     // the good application 768 KiB (under it).
-    let (hog_r, good_r) = bounded("both writers", 60, async {
-        tokio::join!(
-            write(&hog, &hog_a, 192, 16 * KIB as usize),
-            write(&good, &good_a, 48, 16 * KIB as usize)
-        )
-    })
-    .await;
-    let msg = quota_error(hog_r);
+    let msg = race(&hog, (192, 16 * KIB), &good, (48, 16 * KIB), 1).await;
     assert!(msg.contains("application hog"), "{msg}");
     assert!(msg.contains("app.disk_bytes: limit 1048576 bytes"), "{msg}");
-    good_r.expect("the other application's pushes go on");
-    commit_and_check(&good, &good_a, 48, 16 * KIB as usize).await;
     assert!(refusals(&server, "app.disk_bytes").await >= 1.0);
 
     // Memory: one 3 MiB batch is more than a 2 MiB buffered quota lets an application hold,
     // refused before the body is read; a second shuffle of the good one goes on beside it.
-    let hog_b = hog.register_shuffle(2, 1, 1, 1).await.unwrap();
-    let good_b = good.register_shuffle(2, 1, 1, 1).await.unwrap();
-    let (hog_r, good_r) = bounded("both writers", 60, async {
-        tokio::join!(
-            write(&hog, &hog_b, 1, 3 * MIB as usize),
-            write(&good, &good_b, 16, 8 * KIB as usize)
-        )
-    })
-    .await;
-    let msg = quota_error(hog_r);
+    let msg = race(&hog, (1, 3 * MIB), &good, (16, 8 * KIB), 2).await;
     assert!(msg.contains("app.buffered_bytes: limit 2097152 bytes"), "{msg}");
-    good_r.expect("the other application's pushes go on");
-    commit_and_check(&good, &good_b, 16, 8 * KIB as usize).await;
     assert!(refusals(&server, "app.buffered_bytes").await >= 1.0);
     assert_eq!(refusals(&server, "user.disk_bytes").await, 0.0, "no user quota is set");
 }
