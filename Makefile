@@ -9,7 +9,7 @@
 CARGO ?= cargo
 SLUICE := target/release/sluice
 
-.PHONY: run test test-rust test-jvm test-spark test-deploy build deps lint bench vectors fuzz browser status-page-screenshot
+.PHONY: run test test-rust test-jvm test-spark test-deploy build deps lint bench vectors fuzz browser status-page-screenshot s3-server
 
 deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup) first" >&2; exit 1; }
@@ -33,7 +33,18 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
 	  || echo "STATUS PAGE BROWSER TEST NOT RUN: chromium could not be installed (apt-get install chromium)" >&2; }
 
-test-rust: deps browser
+# The S3-compatible server the object-store tests start (crates/sluice/tests/object_store.rs):
+# s3s-fs from crates.io, built into target/tools/bin (about 4 minutes on 2 cores, once; a newer
+# s3s-fs wants a newer rustc than 1.95). Without it those tests are reported as ignored,
+# "OBJECT STORE TESTS NOT RUN".
+S3S_FS := target/tools/bin/s3s-fs
+S3S_FS_VERSION := 0.14.1
+
+s3-server: deps
+	@test -x $(S3S_FS) || $(CARGO) install s3s-fs --version $(S3S_FS_VERSION) --features binary --locked --root target/tools \
+	  || echo "OBJECT STORE TESTS NOT RUN: s3s-fs could not be installed (cargo install s3s-fs --features binary)" >&2
+
+test-rust: deps browser s3-server
 	$(CARGO) test --workspace
 
 # Runs the browser test and replaces docs/status-page.png with its screenshot.
@@ -43,7 +54,7 @@ status-page-screenshot: deps browser
 test-jvm:
 	mvn -q -B -f clients/jvm/pom.xml verify
 
-test-spark: build
+test-spark: build s3-server
 	bash tests/spark/run.sh
 
 # The chart's tests start the binary with the rendered configs, hence build.

@@ -1,8 +1,14 @@
 //! Tells the tests whether a Chromium is installed (`cfg(no_chromium)` when not): the status
 //! page's browser test is then ignored, with `STATUS PAGE BROWSER TEST NOT RUN` as the reason,
 //! so it is counted as not run rather than passed. `make test` installs Chromium first.
+//!
+//! Likewise for the S3-compatible server the object-store tests start (`s3s-fs`, which
+//! `make s3-server` installs from crates.io into `target/tools/bin`): found, its path is
+//! `SLUICE_S3S_FS_BIN` for the tests; not found, `cfg(no_s3_server)` makes them ignored with
+//! `OBJECT STORE TESTS NOT RUN` as the reason.
 
 fn main() {
+    s3_server();
     println!("cargo::rustc-check-cfg=cfg(no_chromium)");
     println!("cargo::rerun-if-env-changed=SLUICE_CHROMIUM");
     println!("cargo::rerun-if-env-changed=PATH");
@@ -22,4 +28,31 @@ fn chromium() -> Option<std::path::PathBuf> {
     }
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path).map(|d| d.join("chromium")).find(|p| p.is_file())
+}
+
+/// `$SLUICE_S3S_FS`, else `target/tools/bin/s3s-fs` of this workspace, else `s3s-fs` on the
+/// `PATH`: told to the tests, or `cfg(no_s3_server)`.
+fn s3_server() {
+    println!("cargo::rustc-check-cfg=cfg(no_s3_server)");
+    println!("cargo::rerun-if-env-changed=SLUICE_S3S_FS");
+    let manifest =
+        std::path::PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
+    let installed = manifest.join("../../target/tools/bin/s3s-fs");
+    // A missing file makes cargo run this script again at the next build: installing it later
+    // is noticed.
+    println!("cargo::rerun-if-changed={}", installed.display());
+    let found = match std::env::var_os("SLUICE_S3S_FS") {
+        Some(p) => Some(std::path::PathBuf::from(p)).filter(|p| p.is_file()),
+        None => Some(installed).filter(|p| p.is_file()).or_else(|| {
+            let path = std::env::var_os("PATH")?;
+            std::env::split_paths(&path).map(|d| d.join("s3s-fs")).find(|p| p.is_file())
+        }),
+    };
+    match found {
+        Some(p) => {
+            let p = p.canonicalize().unwrap_or(p);
+            println!("cargo::rustc-env=SLUICE_S3S_FS_BIN={}", p.display());
+        }
+        None => println!("cargo::rustc-cfg=no_s3_server"),
+    }
 }

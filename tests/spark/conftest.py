@@ -175,7 +175,7 @@ class SluiceCluster:
     ports chosen by the OS (a restarted server takes its old port again)."""
 
     def __init__(self, binary, work_dir, servers=2, coordinator_sets=(), server_sets=(),
-                 coordinators=1):
+                 coordinators=1, dir_setup=None):
         self.processes = []
         self.work_dir = work_dir
         self.binary = binary
@@ -206,6 +206,8 @@ class SluiceCluster:
         for i in range(servers):
             data = work_dir / f"server{i}"
             data.mkdir()
+            if dir_setup:
+                dir_setup(i, data)  # e.g. mount a small file system there
             self.data_dirs.append(data)
             self.servers.append(None)
             self.server_metrics.append(None)

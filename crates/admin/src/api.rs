@@ -104,8 +104,12 @@ pub struct HeldShuffle {
     pub lost_partitions: u32,
     /// Bytes in memory, not yet handed to a flusher.
     pub buffered_bytes: u64,
-    /// Bytes on disk.
+    /// Bytes of its chunks: on disk, or in the object store for `offloaded_bytes` of them.
     pub stored_bytes: u64,
+    /// Bytes of its chunks moved to the object store (the object-store tier); absent from
+    /// servers that predate it.
+    #[serde(default)]
+    pub offloaded_bytes: u64,
     /// Chunks in its index.
     pub chunks: u64,
     /// Flushes handed out and not yet written.

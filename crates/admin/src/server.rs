@@ -91,6 +91,7 @@ async fn status(State(s): State<ServerApi>) -> Json<api::ServerStatus> {
                     lost_partitions: sh.lost_partitions,
                     buffered_bytes: sh.buffered_bytes,
                     stored_bytes: sh.stored_bytes,
+                    offloaded_bytes: sh.offloaded_bytes,
                     chunks: sh.chunks,
                     flushes_in_flight: sh.flushes_in_flight,
                 })

@@ -176,6 +176,64 @@ pub(crate) struct Inner {
     pub app_id: String,
     /// Per server: holds pushes back while it answers `Busy`.
     pub busy: busy::BusyGates,
+    /// Parts of split partitions per committed shuffle, as readers learned them (parts never
+    /// change after the commit; forgotten when the shuffle is unregistered).
+    pub splits: parking_lot::Mutex<std::collections::HashMap<u32, Arc<Parts>>>,
+}
+
+/// The parts of a shuffle's split partitions: partition → its parts (part 0 first), each a
+/// primary and an optional replica indexing the assignment's servers.
+#[derive(Debug, Default, Clone)]
+pub struct Parts {
+    /// The split partitions' parts.
+    pub split: std::collections::HashMap<u32, Vec<PartitionLoc>>,
+    /// No coordinator knew the shuffle (one restarted without peers, say): any server of the
+    /// assignment may hold a part, so every one is read (see [`Parts::of`]).
+    pub unknown: bool,
+}
+
+impl Parts {
+    /// Partition `p`'s parts: its split parts, or the assignment's one entry. When the parts
+    /// are unknown, the assignment's entry and then every other server of the assignment, each
+    /// as a part of its own: a reader opens a stream on each, and one holding nothing of the
+    /// partition serves nothing.
+    pub fn of(&self, a: &Assignment, p: u32) -> Vec<PartitionLoc> {
+        let first = a.partitions.get(p as usize).cloned();
+        if let Some(parts) = self.split.get(&p) {
+            return parts.clone();
+        }
+        let mut out: Vec<PartitionLoc> = first.clone().into_iter().collect();
+        if let (true, Some(f)) = (self.unknown, first) {
+            let others = (0..a.servers.len() as u16).filter(|&i| i != f.primary && i != f.replica);
+            out.extend(others.map(|primary| PartitionLoc { primary, replica: NO_REPLICA }));
+        }
+        out
+    }
+
+    /// Takes a coordinator's `Splits`, checked against the assignment: an index outside its
+    /// servers is the coordinator's error.
+    pub(crate) fn learn(&mut self, a: &Assignment, s: Splits) -> Result<(), ClientError> {
+        let n = a.servers.len();
+        for p in s.partitions {
+            let bad = p.parts.iter().any(|l| {
+                l.primary as usize >= n || (l.replica != NO_REPLICA && l.replica as usize >= n)
+            });
+            if bad || p.partition_id as usize >= a.partitions.len() {
+                return Err(ClientError::Server {
+                    code: ErrorCode::Internal,
+                    message: format!(
+                        "the coordinator's parts of partition {} do not fit the assignment",
+                        p.partition_id
+                    ),
+                });
+            }
+            let known = self.split.get(&p.partition_id).map_or(1, Vec::len);
+            if p.parts.len() > known {
+                self.split.insert(p.partition_id, p.parts);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// An application's handle on Sluice.
@@ -212,7 +270,15 @@ impl ShuffleClient {
         let app_id = app_id.into();
         opts.transport.app_id = app_id.clone();
         let pool = Pool::new(opts.transport.clone());
-        ShuffleClient { inner: Arc::new(Inner { opts, pool, app_id, busy: Default::default() }) }
+        ShuffleClient {
+            inner: Arc::new(Inner {
+                opts,
+                pool,
+                app_id,
+                busy: Default::default(),
+                splits: Default::default(),
+            }),
+        }
     }
 
     /// The application this client works for: every request it sends names it.
@@ -274,6 +340,77 @@ impl ShuffleClient {
             }
         }
         Err(last)
+    }
+
+    /// The parts of a shuffle's split partitions, asked of a coordinator (none without one).
+    pub async fn splits(&self, a: &Assignment) -> Result<Parts, ClientError> {
+        let mut parts = Parts::default();
+        if self.inner.opts.coordinators.is_empty() {
+            return Ok(parts);
+        }
+        let ask = GetSplits { app_id: self.inner.app_id.clone(), shuffle_id: a.shuffle_id };
+        match self.coordinator_request(ask.into()).await? {
+            Message::Splits(s) => parts.learn(a, s)?,
+            _ => return Err(ClientError::UnexpectedReply("GetSplits wants Splits")),
+        }
+        Ok(parts)
+    }
+
+    /// [`Self::splits`] for a writer that starts: without an answer (no coordinator
+    /// reachable, or one that does not know the shuffle), none. A partition split meanwhile
+    /// then gets this writer's batches on its first part, which still takes them (the split
+    /// threshold is soft) and is read like every part.
+    pub(crate) async fn splits_for_writer(&self, a: &Assignment) -> Parts {
+        self.splits(a).await.unwrap_or_else(|e| {
+            tracing::warn!(shuffle = a.shuffle_id, error = %e,
+                "cannot learn the shuffle's split partitions; writing to their first parts");
+            Parts::default()
+        })
+    }
+
+    /// [`Self::splits`] for reading a committed shuffle: when no coordinator knows it (it
+    /// restarted without peers) or none answers, the parts are unknown and every server of the
+    /// assignment is read (see [`Parts::of`]); never fewer parts than there are.
+    pub(crate) async fn splits_for_reading(&self, a: &Assignment) -> Result<Parts, ClientError> {
+        match self.splits(a).await {
+            Ok(p) => Ok(p),
+            Err(e) if e.code() == ErrorCode::UnknownShuffle || e.is_retriable() => {
+                tracing::warn!(shuffle = a.shuffle_id, error = %e,
+                    "the coordinators do not know the shuffle's split partitions; reading every server of its assignment");
+                Ok(Parts { unknown: true, ..Parts::default() })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`Self::splits_for_reading`] of a committed shuffle, asked once and kept.
+    pub(crate) async fn committed_splits(&self, a: &Assignment) -> Result<Arc<Parts>, ClientError> {
+        if let Some(p) = self.inner.splits.lock().get(&a.shuffle_id) {
+            return Ok(p.clone());
+        }
+        let parts = Arc::new(self.splits_for_reading(a).await?);
+        self.inner.splits.lock().insert(a.shuffle_id, parts.clone());
+        Ok(parts)
+    }
+
+    /// Asks a coordinator for a new part of partition `p`, which has `known` parts here.
+    pub(crate) async fn split_partition(
+        &self,
+        a: &Assignment,
+        parts: &mut Parts,
+        p: u32,
+        known: usize,
+    ) -> Result<(), ClientError> {
+        let ask = SplitPartition {
+            app_id: self.inner.app_id.clone(),
+            shuffle_id: a.shuffle_id,
+            partition_id: p,
+            known_parts: known.min(u16::MAX as usize) as u16,
+        };
+        match self.coordinator_request(ask.into()).await? {
+            Message::Splits(s) => parts.learn(a, s),
+            _ => Err(ClientError::UnexpectedReply("SplitPartition wants Splits")),
+        }
     }
 
     /// Registers the application with a coordinator.
@@ -349,7 +486,9 @@ impl ShuffleClient {
         .await;
         let replicated = a.partitions.iter().any(|l| l.replica != NO_REPLICA);
         let mut failed: Vec<Option<ClientError>> = Vec::with_capacity(addrs.len());
+        let mut by_server: Vec<std::collections::HashMap<u32, u64>> = Vec::new();
         for (addr, r) in addrs.iter().zip(replies) {
+            by_server.push(Default::default());
             let c = match r {
                 Ok(Message::CommitResult(c)) => c,
                 Ok(_) => {
@@ -363,6 +502,10 @@ impl ShuffleClient {
                 Err(e) => return Err(e),
             };
             failed.push(None);
+            by_server
+                .last_mut()
+                .expect("pushed above")
+                .extend(c.partitions.iter().map(|p| (p.partition, p.bytes)));
             for p in c.partitions {
                 // A replicated partition is reported by its primary and its replica.
                 if let Some(s) = sizes.get_mut(p.partition as usize) {
@@ -370,12 +513,43 @@ impl ShuffleClient {
                 }
             }
         }
-        for (p, loc) in a.partitions.iter().enumerate() {
-            if writer::servers_of(loc).all(|s| failed[s].is_some()) {
-                return Err(copies_lost(p as u32, writer::servers_of(loc), &addrs, |s| {
-                    failed[s].as_ref().map(ServerFailure::of)
-                }));
+        let parts = self.splits_for_reading(a).await?;
+        // Data of a partition on a server that is none of its parts: a split the coordinators
+        // forgot. Readers would miss it: fail loudly instead.
+        for (s, held) in by_server.iter().enumerate() {
+            for (&p, &bytes) in held {
+                let listed = parts.of(a, p).iter().any(|l| writer::servers_of(l).any(|x| x == s));
+                if bytes > 0 && !listed {
+                    return Err(ClientError::DataLost(format!(
+                        "partition {p} has {bytes} bytes on {} that no coordinator lists as one of its parts",
+                        addrs[s]
+                    )));
+                }
             }
+        }
+        for p in 0..a.partitions.len() as u32 {
+            for loc in parts.of(a, p) {
+                if writer::servers_of(&loc).all(|s| failed[s].is_some()) {
+                    return Err(copies_lost(p, writer::servers_of(&loc), &addrs, |s| {
+                        failed[s].as_ref().map(ServerFailure::of)
+                    }));
+                }
+            }
+        }
+        // A split partition: the sum over its parts of each part's size (a part's primary
+        // and replica hold the same bytes).
+        for p in 0..a.partitions.len() as u32 {
+            let locs = parts.of(a, p);
+            if locs.len() < 2 {
+                continue;
+            }
+            let part_size = |loc: &PartitionLoc| {
+                writer::servers_of(loc)
+                    .filter_map(|s| by_server[s].get(&p).copied())
+                    .max()
+                    .unwrap_or(0)
+            };
+            sizes[p as usize] = locs.iter().map(part_size).sum();
         }
         Ok(sizes)
     }
@@ -386,6 +560,7 @@ impl ShuffleClient {
             app_id: self.inner.app_id.clone(),
             shuffle_id: a.shuffle_id,
         });
+        self.inner.splits.lock().remove(&a.shuffle_id);
         for addr in server_addrs(a).await? {
             self.request(addr, msg.clone()).await?;
         }

@@ -16,11 +16,17 @@ use crate::{expect_ok, server_addrs, ClientError, ShuffleClient};
 
 type ChunkFuture = BoxFuture<'static, Result<Bytes, ClientError>>;
 
-/// Reads one partition's batches for maps `[map_start, map_end)`.
+/// Reads one partition's batches for maps `[map_start, map_end)`: each of its parts in turn
+/// when it was split (docs/protocol.md, "Partition splits"), each part checked on its own.
 pub struct PartitionReader {
     client: ShuffleClient,
-    /// Servers holding the partition (primary, then replica) and the one read now.
+    /// Servers holding the part read now (primary, then replica) and the one read now.
     candidates: Vec<SocketAddr>,
+    /// The parts still to read after this one, each as its servers.
+    parts_left: VecDeque<Vec<SocketAddr>>,
+    /// map → the attempt every part read so far committed (checked when no attempts are
+    /// named: parts must agree).
+    winners: HashMap<u32, u32>,
     current: usize,
     open_msg: OpenStream,
     addr: SocketAddr,
@@ -29,7 +35,11 @@ pub struct PartitionReader {
     map_end: u32,
     /// map → (committed attempt, batches expected).
     committed: HashMap<u32, (u32, u32)>,
+    /// (map, batch id) read in the current part: its completeness check.
     seen: HashSet<(u32, u32)>,
+    /// (map, batch id) delivered from any part: a batch read twice (two copies of a part,
+    /// when the parts are unknown and every server is read) is delivered once.
+    delivered: HashSet<(u32, u32)>,
     next_chunk: u32,
     chunk_count: u32,
     inflight: VecDeque<ChunkFuture>,
@@ -62,12 +72,20 @@ impl PartitionReader {
                 message: format!("map range [{map_start}, {map_end}) is backwards"),
             });
         }
-        let loc = a.partitions.get(partition as usize).ok_or(ClientError::Server {
-            code: ErrorCode::InvalidRequest,
-            message: format!("partition {partition} not in the assignment"),
-        })?;
+        if a.partitions.get(partition as usize).is_none() {
+            return Err(ClientError::Server {
+                code: ErrorCode::InvalidRequest,
+                message: format!("partition {partition} not in the assignment"),
+            });
+        }
         let addrs = server_addrs(a).await?;
-        let candidates: Vec<SocketAddr> = servers_of(loc).map(|i| addrs[i]).collect();
+        let splits = client.committed_splits(a).await?;
+        let mut parts_left: VecDeque<Vec<SocketAddr>> = splits
+            .of(a, partition)
+            .iter()
+            .map(|loc| servers_of(loc).map(|i| addrs[i]).collect())
+            .collect();
+        let candidates = parts_left.pop_front().expect("a partition has a part");
         let open_msg = OpenStream {
             app_id: client.inner.app_id.clone(),
             shuffle_id: a.shuffle_id,
@@ -84,21 +102,13 @@ impl PartitionReader {
                 message: format!("partition {partition}: {e}"),
             });
         }
-        let mut current = 0;
-        let handle = loop {
-            match open_on(&client, candidates[current], &open_msg).await {
-                Ok(h) => break h,
-                Err(e) if current + 1 < candidates.len() => {
-                    tracing::warn!(server = %candidates[current], error = %e, "opening on the replica");
-                    current += 1;
-                }
-                Err(e) => return Err(e),
-            }
-        };
+        let (current, handle) = open_any(&client, &candidates, &open_msg).await?;
         let addr = candidates[current];
         let mut r = PartitionReader {
             client,
             candidates,
+            parts_left,
+            winners: HashMap::new(),
             current,
             open_msg,
             addr,
@@ -111,6 +121,7 @@ impl PartitionReader {
                 .map(|c| (c.map_id, (c.attempt_id, c.batches)))
                 .collect(),
             seen: HashSet::new(),
+            delivered: HashSet::new(),
             next_chunk: 0,
             chunk_count: handle.chunk_lengths.len() as u32,
             inflight: VecDeque::new(),
@@ -121,8 +132,52 @@ impl PartitionReader {
             batches_read: 0,
             batches_dropped: 0,
         };
+        r.check_winners()?;
         r.fill();
         Ok(r)
+    }
+
+    /// Without named attempts, each part's server chose each map's winning attempt itself:
+    /// they must agree, or the partition would mix two attempts' records.
+    fn check_winners(&mut self) -> Result<(), ClientError> {
+        if !self.open_msg.attempts.is_empty() {
+            return Ok(());
+        }
+        for (&m, &(attempt, _)) in &self.committed {
+            match self.winners.insert(m, attempt) {
+                Some(w) if w != attempt => {
+                    return Err(ClientError::DataLost(format!(
+                        "map {m}: attempt {w} committed in one part of partition {}, attempt {attempt} in another (on {})",
+                        self.open_msg.partition_id, self.addr
+                    )))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The current part is read whole: on to the next one, if any (`false`: none left).
+    async fn next_part(&mut self) -> Result<bool, ClientError> {
+        let Some(candidates) = self.parts_left.pop_front() else {
+            return Ok(false);
+        };
+        let (current, handle) = open_any(&self.client, &candidates, &self.open_msg).await?;
+        self.addr = candidates[current];
+        self.candidates = candidates;
+        self.current = current;
+        self.stream_id = handle.stream_id;
+        self.committed =
+            handle.committed.iter().map(|c| (c.map_id, (c.attempt_id, c.batches))).collect();
+        self.seen.clear();
+        self.next_chunk = 0;
+        self.chunk_count = handle.chunk_lengths.len() as u32;
+        self.inflight.clear();
+        self.finished = false;
+        self.reopened = 0;
+        self.check_winners()?;
+        self.fill();
+        Ok(true)
     }
 
     /// Keeps up to `fetch_prefetch_chunks` fetches in flight.
@@ -163,6 +218,9 @@ impl PartitionReader {
                 match self.missing() {
                     None => {
                         self.finish().await;
+                        if self.next_part().await? {
+                            continue;
+                        }
                         return Ok(None);
                     }
                     Some(e) => {
@@ -197,7 +255,8 @@ impl PartitionReader {
             for (h, payload) in batches {
                 let keep = (self.map_start..self.map_end).contains(&h.map_id)
                     && self.committed.get(&h.map_id).is_some_and(|(a, _)| *a == h.attempt_id)
-                    && self.seen.insert((h.map_id, h.batch_id));
+                    && self.seen.insert((h.map_id, h.batch_id))
+                    && self.delivered.insert((h.map_id, h.batch_id));
                 if keep {
                     self.bytes_read += payload.len() as u64;
                     self.batches_read += 1;
@@ -293,6 +352,26 @@ impl Drop for PartitionReader {
 /// How many times a reader opens its stream again on a server that forgot it (see
 /// `PartitionReader::fail_over`).
 const MAX_REOPENS: u32 = 3;
+
+/// Opens a stream on the first of `candidates` (a part's primary, then its replica) that
+/// opens it; returns which one with its handle.
+async fn open_any(
+    client: &ShuffleClient,
+    candidates: &[SocketAddr],
+    open: &OpenStream,
+) -> Result<(usize, StreamHandle), ClientError> {
+    let mut current = 0;
+    loop {
+        match open_on(client, candidates[current], open).await {
+            Ok(h) => return Ok((current, h)),
+            Err(e) if current + 1 < candidates.len() => {
+                tracing::warn!(server = %candidates[current], error = %e, "opening on the replica");
+                current += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
 
 /// Opens a stream on one server, retrying retriable failures (e.g. not committed yet).
 async fn open_on(

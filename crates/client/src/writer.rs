@@ -20,7 +20,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::{
-    backoff, copies_lost, expect_ok, server_addrs, ClientError, ServerFailure, ShuffleClient,
+    backoff, copies_lost, expect_ok, server_addrs, ClientError, Parts, ServerFailure, ShuffleClient,
 };
 
 /// Batches below this size are merged with others into a `PushMerged` frame; larger ones go out
@@ -55,8 +55,19 @@ pub struct ShuffleWriter {
     /// Per server: flips to `true` when the writer gives up on it, so its pushes still in
     /// flight stop retrying at once instead of holding in-flight bytes through their back-offs.
     given_up_tx: Vec<watch::Sender<bool>>,
-    /// Push tasks; each reports the server it pushed to with its outcome.
-    tasks: JoinSet<(usize, Result<(), ClientError>)>,
+    /// Push tasks; each reports the server it pushed to with its outcome (the partitions a
+    /// `PushSplit` named, if any).
+    tasks: JoinSet<(usize, Result<Vec<u32>, ClientError>)>,
+    /// The parts of split partitions (learned at start, and from `PushSplit` answers); a
+    /// partition's batches go to its last part.
+    parts: Parts,
+    /// Per server, per partition: batches routed there (each server's `MapperEnd` counts).
+    batches_to: Vec<Vec<u32>>,
+    /// `PushSplit` answers not acted on yet: the server and its partitions.
+    pending_splits: Vec<(usize, Vec<u32>)>,
+    /// (partition, parts known) already asked to split: a hundred `PushSplit`s of the same
+    /// part make one `SplitPartition`.
+    asked: std::collections::HashSet<(u32, usize)>,
 }
 
 impl ShuffleWriter {
@@ -70,7 +81,13 @@ impl ShuffleWriter {
         let n = assignment.partitions.len();
         let permits = (client.inner.opts.max_inflight_bytes / PERMIT_BYTES).max(1);
         let replicated = assignment.partitions.iter().any(|l| l.replica != NO_REPLICA);
+        // Splits made before this attempt started: never push to a part that was left.
+        let parts = client.splits_for_writer(&assignment).await;
         Ok(ShuffleWriter {
+            parts,
+            batches_to: vec![vec![0; n]; addrs.len()],
+            pending_splits: Vec::new(),
+            asked: Default::default(),
             merged: (0..addrs.len()).map(|_| Merged::default()).collect(),
             given_up: vec![None; addrs.len()],
             given_up_tx: (0..addrs.len()).map(|_| watch::Sender::new(false)).collect(),
@@ -155,15 +172,17 @@ impl ShuffleWriter {
         self.next_batch[p] += 1;
         self.bytes[p] += batch.len() as u64;
         let batch = batch.freeze();
-        // Learn about servers lost meanwhile before routing the batch.
+        // Learn about servers lost and partitions split meanwhile before routing the batch.
         self.reap()?;
+        self.apply_splits().await;
         self.check_live_copy(p)?;
         // The primary, then the replica when the shuffle is replicated: both hold every batch,
         // unless the writer gave up on one of them.
-        for server in servers_of(&self.assignment.partitions[p]) {
+        for server in servers_of(&self.route(p)) {
             if self.given_up[server].is_some() {
                 continue;
             }
+            self.batches_to[server][p] += 1;
             if batch.len() >= MERGE_BELOW_BYTES {
                 let msg = Push {
                     app_id: self.client.inner.app_id.clone(),
@@ -185,6 +204,44 @@ impl ShuffleWriter {
             }
         }
         Ok(())
+    }
+
+    /// Where partition `p`'s batches go now: its last part.
+    fn route(&self, p: usize) -> PartitionLoc {
+        let parts = self.parts.of(&self.assignment, p as u32);
+        parts.last().cloned().unwrap_or(PartitionLoc { primary: 0, replica: NO_REPLICA })
+    }
+
+    /// Acts on the `PushSplit` answers reaped: each partition whose *current* part's server
+    /// answered so is split at a coordinator, once per part. A coordinator that cannot be
+    /// reached leaves the partition where it is (the threshold is soft): logged, not failed.
+    async fn apply_splits(&mut self) {
+        for (server, partitions) in std::mem::take(&mut self.pending_splits) {
+            for p in partitions {
+                let parts = self.parts.of(&self.assignment, p);
+                let Some(current) = parts.last() else { continue };
+                if !servers_of(current).any(|s| s == server) || !self.asked.insert((p, parts.len()))
+                {
+                    continue; // an older part's server, or asked already
+                }
+                let (client, a) = (self.client.clone(), self.assignment.clone());
+                match client.split_partition(&a, &mut self.parts, p, parts.len()).await {
+                    Ok(()) => {
+                        let now = self.parts.of(&a, p).len();
+                        tracing::debug!(
+                            partition = p,
+                            parts = now,
+                            map = self.map_id,
+                            "partition split"
+                        );
+                    }
+                    Err(e) => {
+                        tracing::warn!(partition = p, error = %e,
+                        "cannot split the partition; its batches stay on its current part")
+                    }
+                }
+            }
+        }
     }
 
     async fn send_merged(&mut self, server: usize) -> Result<(), ClientError> {
@@ -222,7 +279,7 @@ impl ShuffleWriter {
                 r = push_with_retries(&client, addr, msg, body) => r,
                 // The writer no longer counts on this server: stop retrying. (Also when the
                 // writer is dropped: the sender is gone.)
-                _ = given_up.wait_for(|g| *g) => Ok(()),
+                _ = given_up.wait_for(|g| *g) => Ok(Vec::new()),
             };
             (server, result)
         });
@@ -247,10 +304,14 @@ impl ShuffleWriter {
     fn settle(
         &mut self,
         server: usize,
-        result: Result<(), ClientError>,
+        result: Result<Vec<u32>, ClientError>,
     ) -> Result<(), ClientError> {
         match result {
-            Ok(()) => Ok(()),
+            Ok(split) if split.is_empty() => Ok(()),
+            Ok(split) => {
+                self.pending_splits.push((server, split));
+                Ok(())
+            }
             // Already given up on: its other requests' outcomes no longer matter.
             Err(_) if self.given_up[server].is_some() => Ok(()),
             Err(e) => self.give_up_on(server, e),
@@ -284,13 +345,20 @@ impl ShuffleWriter {
         Ok(())
     }
 
-    /// Fails unless partition `p` has a server the writer has not given up on.
+    /// Fails unless every part of partition `p` that holds its batches (and its current part)
+    /// has a server the writer has not given up on.
     fn check_live_copy(&self, p: usize) -> Result<(), ClientError> {
-        let loc = &self.assignment.partitions[p];
-        if servers_of(loc).any(|s| self.given_up[s].is_none()) {
-            return Ok(());
+        let parts = self.parts.of(&self.assignment, p as u32);
+        for (i, loc) in parts.iter().enumerate() {
+            let used = i + 1 == parts.len() || servers_of(loc).any(|s| self.batches_to[s][p] > 0);
+            if !used || servers_of(loc).any(|s| self.given_up[s].is_none()) {
+                continue;
+            }
+            return Err(copies_lost(p as u32, servers_of(loc), &self.addrs, |s| {
+                self.given_up[s].clone()
+            }));
         }
-        Err(copies_lost(p as u32, servers_of(loc), &self.addrs, |s| self.given_up[s].clone()))
+        Ok(())
     }
 
     /// Pushes everything left, waits for every acknowledgement, then reports the map's end to
@@ -308,15 +376,18 @@ impl ShuffleWriter {
                 done.map_err(|e| ClientError::DataLost(format!("push task: {e}")))?;
             self.settle(server, result)?;
         }
+        // Nothing is left to route, but the next writers should find the new parts.
+        self.apply_splits().await;
         let live: Vec<usize> =
             (0..self.addrs.len()).filter(|s| self.given_up[*s].is_none()).collect();
         let ends = live.iter().map(|&server| {
-            // A live server holds every batch of its partitions: each push to it was
-            // acknowledged, or the writer would have given up on it.
-            let batch_counts = (0..self.next_batch.len())
-                .filter(|&p| self.next_batch[p] > 0)
-                .filter(|&p| servers_of(&self.assignment.partitions[p]).any(|s| s == server))
-                .map(|p| BatchCount { partition_id: p as u32, batches: self.next_batch[p] })
+            // A live server holds every batch routed to it: each push to it was acknowledged,
+            // or the writer would have given up on it.
+            let batch_counts = self.batches_to[server]
+                .iter()
+                .enumerate()
+                .filter(|(_, &n)| n > 0)
+                .map(|(p, &n)| BatchCount { partition_id: p as u32, batches: n })
                 .collect();
             let msg = MapperEnd {
                 app_id: self.client.inner.app_id.clone(),
@@ -330,7 +401,7 @@ impl ShuffleWriter {
         });
         for (server, r) in futures_util::future::join_all(ends).await {
             let result = match r {
-                Ok(Message::MapperEndResult(_)) => Ok(()),
+                Ok(Message::MapperEndResult(_)) => Ok(Vec::new()),
                 Ok(_) => Err(ClientError::UnexpectedReply("MapperEnd wants MapperEndResult")),
                 Err(e) => Err(e),
             };
@@ -351,7 +422,7 @@ async fn push_with_retries(
     addr: SocketAddr,
     msg: Message,
     body: Bytes,
-) -> Result<(), ClientError> {
+) -> Result<Vec<u32>, ClientError> {
     let opts = &client.inner.opts;
     let gate = client.inner.busy.get(addr);
     let still_busy = |n: u32| ClientError::Server {
@@ -369,11 +440,13 @@ async fn push_with_retries(
         // The gate learns the outcome before the next push in its queue may go.
         match &result {
             Ok(Message::Busy(b)) => pass.refused(Duration::from_millis(b.backoff_ms as u64)),
-            Ok(Message::PushAck(_)) => pass.acknowledged(),
+            Ok(Message::PushAck(_) | Message::PushSplit(_)) => pass.acknowledged(),
             _ => pass.failed(),
         }
         match result {
-            Ok(Message::PushAck(_)) => return Ok(()),
+            Ok(Message::PushAck(_)) => return Ok(Vec::new()),
+            // Stored, and these partitions move on to a new part.
+            Ok(Message::PushSplit(s)) => return Ok(s.partitions),
             Ok(Message::Busy(_)) => {
                 busy += 1;
                 if busy > opts.busy_max_retries {

@@ -72,6 +72,10 @@ pub struct CoordinatorConfig {
     /// client certificates); `None`: plain TCP. Peers prove the cluster key
     /// (`transport.secret`) like servers do.
     pub peer_tls: Option<sluice_transport::TlsClientConfig>,
+    /// Servers listed in each assignment beyond those its partitions were given to (the ones
+    /// with the most room): where the parts of split partitions go (docs/protocol.md,
+    /// "Partition splits"). Each gets the shuffle's registration, commit and every map's end.
+    pub spare_servers: u16,
 }
 
 impl Default for CoordinatorConfig {
@@ -85,6 +89,7 @@ impl Default for CoordinatorConfig {
             peers: Vec::new(),
             peer_timeout_ms: 1_000,
             peer_tls: None,
+            spare_servers: 2,
         }
     }
 }
@@ -179,6 +184,53 @@ struct Registered {
     replication: u8,
     /// When it was registered.
     since: Instant,
+    /// The parts of each split partition (part 0 first, the assignment's own entry).
+    splits: HashMap<u32, Vec<PartitionLoc>>,
+}
+
+impl Registered {
+    fn new(assignment: Assignment, num_maps: u32, replication: u8) -> Self {
+        Registered {
+            assignment,
+            num_maps,
+            replication,
+            since: Instant::now(),
+            splits: HashMap::new(),
+        }
+    }
+
+    /// Every split partition with its parts, in partition order.
+    fn splits(&self, app_id: &str) -> Splits {
+        let mut partitions: Vec<SplitParts> = self
+            .splits
+            .iter()
+            .map(|(&partition_id, parts)| SplitParts { partition_id, parts: parts.clone() })
+            .collect();
+        partitions.sort_unstable_by_key(|p| p.partition_id);
+        Splits { app_id: app_id.to_owned(), shuffle_id: self.assignment.shuffle_id, partitions }
+    }
+
+    /// Takes parts a peer made: a longer list than the one known here wins.
+    fn learn_splits(&mut self, s: &Splits) {
+        let n = self.assignment.servers.len();
+        for p in &s.partitions {
+            let fits = p.parts.iter().all(|l| {
+                (l.primary as usize) < n && (l.replica == NO_REPLICA || (l.replica as usize) < n)
+            });
+            if !fits || (p.partition_id as usize) >= self.assignment.partitions.len() {
+                tracing::warn!(
+                    shuffle = s.shuffle_id,
+                    partition = p.partition_id,
+                    "a peer's split does not fit the assignment known here; ignored"
+                );
+                continue;
+            }
+            let known = self.splits.get(&p.partition_id).map_or(1, Vec::len);
+            if p.parts.len() > known {
+                self.splits.insert(p.partition_id, p.parts.clone());
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -186,6 +238,8 @@ struct View {
     servers: HashMap<String, ServerInfo>,
     apps: HashMap<String, Instant>,
     shuffles: HashMap<(String, u32), Registered>,
+    /// Parts added to split partitions here (not the ones learned from peers).
+    splits_made: u64,
 }
 
 /// The coordinator's state.
@@ -299,6 +353,24 @@ impl Coordinator {
                 Ok(OkMsg {}.into())
             }
             Message::ShuffleSync(s) => Ok(self.apply_sync(s)),
+            Message::SplitPartition(r) => self.split_partition(r),
+            Message::GetSplits(g) => {
+                match self.view.lock().shuffles.get(&(g.app_id.clone(), g.shuffle_id)) {
+                    Some(r) => Ok(r.splits(&g.app_id).into()),
+                    None => Err(refuse(
+                        ErrorCode::UnknownShuffle,
+                        format!("shuffle {} of {} is not registered here", g.shuffle_id, g.app_id),
+                    )),
+                }
+            }
+            Message::Splits(s) => {
+                if let Some(r) =
+                    self.view.lock().shuffles.get_mut(&(s.app_id.clone(), s.shuffle_id))
+                {
+                    r.learn_splits(&s);
+                }
+                Ok(OkMsg {}.into())
+            }
             other => Err(refuse(
                 ErrorCode::InvalidRequest,
                 format!("a coordinator does not take {}", other.msg_type().name()),
@@ -371,6 +443,11 @@ impl Coordinator {
             .collect();
         used.sort_unstable();
         used.dedup();
+        // Spares, for the parts of partitions that will be split: the least loaded of the others.
+        let mut others: Vec<usize> = (0..live.len()).filter(|i| !used.contains(i)).collect();
+        others.sort_by(|&a, &b| live[a].load_score().total_cmp(&live[b].load_score()));
+        used.extend(others.into_iter().take(self.config.spare_servers as usize));
+        used.sort_unstable();
         let remap = |i: u16| {
             if i == NO_REPLICA {
                 NO_REPLICA
@@ -393,14 +470,91 @@ impl Coordinator {
         }
         tracing::info!(app = %r.app_id, shuffle = r.shuffle_id, partitions = r.num_partitions,
             servers = assignment.servers.len(), "shuffle assigned");
-        let registered = Registered {
-            assignment: assignment.clone(),
-            num_maps: r.num_maps,
-            replication: r.replication,
-            since: Instant::now(),
-        };
+        let registered = Registered::new(assignment.clone(), r.num_maps, r.replication);
         v.shuffles.insert(key, registered);
         Ok(assignment.into())
+    }
+
+    /// A new part for a partition whose last part's server answered `PushSplit`: on a server of
+    /// the shuffle's assignment that holds no part of it, is live, not draining and has room
+    /// (the least loaded). The answer lists the partition's parts, unchanged when someone split
+    /// it already (it has more than `known_parts`) or no server can take a part.
+    fn split_partition(&self, r: SplitPartition) -> Result<Message, Refused> {
+        let timeout = Duration::from_millis(self.config.server_timeout_ms);
+        let mut guard = self.view.lock();
+        let v = &mut *guard;
+        let Some(reg) = v.shuffles.get_mut(&(r.app_id.clone(), r.shuffle_id)) else {
+            return Err(refuse(
+                ErrorCode::UnknownShuffle,
+                format!("shuffle {} of {} is not registered here", r.shuffle_id, r.app_id),
+            ));
+        };
+        let Some(first) = reg.assignment.partitions.get(r.partition_id as usize).cloned() else {
+            return Err(refuse(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "partition {} of a {}-partition shuffle",
+                    r.partition_id,
+                    reg.assignment.partitions.len()
+                ),
+            ));
+        };
+        let parts = reg.splits.entry(r.partition_id).or_insert_with(|| vec![first]);
+        if parts.len() == r.known_parts as usize {
+            let holding: Vec<usize> = parts
+                .iter()
+                .flat_map(|l| [l.primary, l.replica])
+                .filter(|&i| i != NO_REPLICA)
+                .map(|i| i as usize)
+                .collect();
+            let mut candidates: Vec<(usize, f64)> = reg
+                .assignment
+                .servers
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !holding.contains(i))
+                .filter_map(|(i, a)| {
+                    let s = v.servers.get(&a.server_id)?;
+                    // As the servers judge themselves: less free disk than memory is nearly
+                    // full (they answer pushes with PushSplit then). 0 with room: no heartbeat
+                    // yet, only a registration.
+                    let room = !s.no_room
+                        && (s.free_disk_bytes == 0 || s.free_disk_bytes >= s.memory_budget_bytes);
+                    (room && s.state(timeout) == ServerState::Live).then(|| (i, s.load_score()))
+                })
+                .collect();
+            candidates.sort_by(|a, b| a.1.total_cmp(&b.1));
+            let want = if reg.replication >= 2 { 2 } else { 1 };
+            if candidates.len() >= want {
+                let primary = candidates[0].0 as u16;
+                let replica = if want == 2 { candidates[1].0 as u16 } else { NO_REPLICA };
+                for (i, _) in candidates.iter().take(want) {
+                    if let Some(s) = v.servers.get_mut(&reg.assignment.servers[*i].server_id) {
+                        s.assigned_since_heartbeat += 1;
+                    }
+                }
+                parts.push(PartitionLoc { primary, replica });
+                v.splits_made += 1;
+                tracing::info!(app = %r.app_id, shuffle = r.shuffle_id, partition = r.partition_id,
+                    part = parts.len() - 1,
+                    server = %reg.assignment.servers[primary as usize].server_id,
+                    "partition split: a new part");
+            } else {
+                tracing::warn!(app = %r.app_id, shuffle = r.shuffle_id, partition = r.partition_id,
+                    parts = parts.len(),
+                    "partition split asked, but no server of the shuffle can take another part; its writers go on with the last one");
+            }
+        }
+        let parts = parts.clone();
+        if parts.len() == 1 {
+            reg.splits.remove(&r.partition_id);
+        }
+        Ok(Splits {
+            app_id: r.app_id,
+            shuffle_id: r.shuffle_id,
+            partitions: vec![SplitParts { partition_id: r.partition_id, parts }],
+        }
+        .into())
     }
 
     /// Takes what a peer passed on; answers with everything known here when it asks.
@@ -419,12 +573,9 @@ impl Coordinator {
             v.apps.entry(sh.app_id.clone()).or_insert_with(Instant::now);
             let key = (sh.app_id, sh.assignment.shuffle_id);
             // What is known here stays: a peer's copy of the same registration is the same.
-            v.shuffles.entry(key).or_insert_with(|| Registered {
-                assignment: sh.assignment,
-                num_maps: sh.num_maps,
-                replication: sh.replication,
-                since: Instant::now(),
-            });
+            v.shuffles
+                .entry(key)
+                .or_insert_with(|| Registered::new(sh.assignment, sh.num_maps, sh.replication));
         }
         if learned > 0 {
             tracing::debug!(shuffles = learned, "assignments learned from a peer");
@@ -447,9 +598,11 @@ impl Coordinator {
 
     /// What the peers must be told of a request answered here with `reply`: an assignment
     /// made (or repeated), an application or shuffle forgotten.
-    fn for_peers(request: &Message, reply: &Message) -> Option<ShuffleSync> {
+    fn for_peers(request: &Message, reply: &Message) -> Option<Message> {
         let mut s = ShuffleSync::default();
         match (request, reply) {
+            // A split (or the parts a writer was told): a peer keeps the longer list.
+            (Message::SplitPartition(_), Message::Splits(sp)) => return Some(sp.clone().into()),
             (Message::RegisterShuffle(r), Message::Assignment(a)) => {
                 s.shuffles.push(SyncedShuffle {
                     app_id: r.app_id.clone(),
@@ -462,7 +615,7 @@ impl Coordinator {
             (Message::UnregisterShuffle(u), Message::Ok(_)) => s.removed_shuffles.push(u.clone()),
             _ => return None,
         }
-        Some(s)
+        Some(s.into())
     }
 
     fn peer_pool(&self) -> &sluice_transport::Pool {
@@ -484,32 +637,13 @@ impl Coordinator {
 
     /// Sends `sync` to every peer at once, each bounded by `peer_timeout_ms`; returns each
     /// peer's answer (`None`: it did not answer).
-    async fn tell_peers(self: &Arc<Self>, sync: ShuffleSync) -> Vec<(String, Option<Message>)> {
+    async fn tell_peers(self: &Arc<Self>, msg: Message) -> Vec<(String, Option<Message>)> {
         let mut tasks = tokio::task::JoinSet::new();
         for peer in self.config.peers.clone() {
-            let (me, msg) = (self.clone(), Message::from(sync.clone()));
+            let (me, msg) = (self.clone(), msg.clone());
             tasks.spawn(async move {
-                let limit = Duration::from_millis(me.config.peer_timeout_ms * 2);
-                let call = async {
-                    let addr = tokio::net::lookup_host(&peer)
-                        .await?
-                        .next()
-                        .ok_or_else(|| std::io::Error::other("no address"))?;
-                    let conn = me.peer_pool().get(addr).await.map_err(std::io::Error::other)?;
-                    let reply = conn.request(msg, sluice_transport::Body::Empty).await;
-                    reply.map(|r| r.message).map_err(std::io::Error::other)
-                };
-                match tokio::time::timeout(limit, call).await {
-                    Ok(Ok(m)) => (peer, Some(m)),
-                    Ok(Err(e)) => {
-                        tracing::debug!(peer = %peer, error = %e, "peer coordinator not reached");
-                        (peer, None)
-                    }
-                    Err(_) => {
-                        tracing::debug!(peer = %peer, "peer coordinator did not answer in time");
-                        (peer, None)
-                    }
-                }
+                let answer = me.ask_peer(&peer, msg).await;
+                (peer, answer)
             });
         }
         let mut out = Vec::new();
@@ -521,6 +655,31 @@ impl Coordinator {
         out
     }
 
+    /// One request to one peer, bounded by `peer_timeout_ms` (`None`: no answer).
+    async fn ask_peer(self: &Arc<Self>, peer: &str, msg: Message) -> Option<Message> {
+        let limit = Duration::from_millis(self.config.peer_timeout_ms * 2);
+        let call = async {
+            let addr = tokio::net::lookup_host(peer)
+                .await?
+                .next()
+                .ok_or_else(|| std::io::Error::other("no address"))?;
+            let conn = self.peer_pool().get(addr).await.map_err(std::io::Error::other)?;
+            let reply = conn.request(msg, sluice_transport::Body::Empty).await;
+            reply.map(|r| r.message).map_err(std::io::Error::other)
+        };
+        match tokio::time::timeout(limit, call).await {
+            Ok(Ok(m)) => Some(m),
+            Ok(Err(e)) => {
+                tracing::debug!(peer = %peer, error = %e, "peer coordinator not reached");
+                None
+            }
+            Err(_) => {
+                tracing::debug!(peer = %peer, "peer coordinator did not answer in time");
+                None
+            }
+        }
+    }
+
     /// At start: asks every peer for the assignments it knows, until one answers or a few
     /// seconds pass (they may be starting too).
     async fn learn_from_peers(self: Arc<Self>) {
@@ -529,13 +688,25 @@ impl Coordinator {
         }
         for _ in 0..10 {
             let want = ShuffleSync { want_all: 1, ..Default::default() };
-            let answers = self.tell_peers(want).await;
+            let answers = self.tell_peers(want.into()).await;
             let mut heard = false;
             for (peer, m) in answers {
                 if let Some(Message::ShuffleSync(s)) = m {
                     tracing::info!(peer = %peer, shuffles = s.shuffles.len(),
                         "assignments learned from a peer coordinator");
+                    let shuffles: Vec<(String, u32)> = s
+                        .shuffles
+                        .iter()
+                        .map(|sh| (sh.app_id.clone(), sh.assignment.shuffle_id))
+                        .collect();
                     self.apply_sync(s);
+                    // And the parts of their split partitions.
+                    for (app_id, shuffle_id) in shuffles {
+                        let ask = GetSplits { app_id, shuffle_id };
+                        if let Some(Message::Splits(sp)) = self.ask_peer(&peer, ask.into()).await {
+                            self.handle(sp.into());
+                        }
+                    }
                     heard = true;
                 }
             }
@@ -610,7 +781,10 @@ impl Handler for CoordHandler {
         // Only what changes assignments goes to the peers (and never what came from one).
         let keep = matches!(
             request,
-            Message::RegisterShuffle(_) | Message::UnregisterApp(_) | Message::UnregisterShuffle(_)
+            Message::RegisterShuffle(_)
+                | Message::UnregisterApp(_)
+                | Message::UnregisterShuffle(_)
+                | Message::SplitPartition(_)
         ) && !me.config.peers.is_empty();
         let kept = keep.then(|| request.clone());
         let reply = me.handle(request);
@@ -678,6 +852,106 @@ mod tests {
         }
         let mut one = vec![server("a", 0, 100)];
         assert_eq!(assign(&mut one, 2, 2)[0].replica, NO_REPLICA);
+    }
+
+    fn split_ask(c: &Coordinator, partition_id: u32, known_parts: u16) -> Vec<PartitionLoc> {
+        let ask = SplitPartition { app_id: "a".into(), shuffle_id: 1, partition_id, known_parts };
+        match c.handle(ask.into()) {
+            Message::Splits(s) => {
+                assert_eq!(s.partitions.len(), 1);
+                s.partitions[0].parts.clone()
+            }
+            m => panic!("{m:?}"),
+        }
+    }
+
+    #[test]
+    fn a_split_adds_one_part_on_a_server_without_one_and_repeats_are_answered_the_same() {
+        let c = Coordinator::new(CoordinatorConfig::default()).unwrap();
+        for (id, port) in [("s1", 1), ("s2", 2), ("s3", 3)] {
+            beat(&c, id, port, 1 << 30);
+        }
+        // One partition: one server used, two spares listed for its parts.
+        let reg = RegisterShuffle {
+            app_id: "a".into(),
+            shuffle_id: 1,
+            num_maps: 2,
+            num_partitions: 1,
+            replication: 1,
+        };
+        let Message::Assignment(a) = c.handle(reg.into()) else { panic!() };
+        assert_eq!(a.servers.len(), 3, "the used server and two spares");
+        let first = a.partitions[0].clone();
+        let two = split_ask(&c, 0, 1);
+        assert_eq!(two.len(), 2);
+        assert_eq!(two[0], first);
+        assert_ne!(two[1].primary, first.primary);
+        // Another writer told at the same time (it knew one part): the same two parts.
+        assert_eq!(split_ask(&c, 0, 1), two);
+        let three = split_ask(&c, 0, 2);
+        assert_eq!(three.len(), 3);
+        let mut on: Vec<u16> = three.iter().map(|l| l.primary).collect();
+        on.sort_unstable();
+        on.dedup();
+        assert_eq!(on.len(), 3, "each part on its own server: {three:?}");
+        // Every server holds a part: the parts stay as they are.
+        assert_eq!(split_ask(&c, 0, 3), three);
+        match c.handle(GetSplits { app_id: "a".into(), shuffle_id: 1 }.into()) {
+            Message::Splits(s) => assert_eq!(s.partitions[0].parts, three),
+            m => panic!("{m:?}"),
+        }
+        // Out of range, unknown shuffle: refused.
+        let bad =
+            SplitPartition { app_id: "a".into(), shuffle_id: 1, partition_id: 1, known_parts: 1 };
+        assert!(
+            matches!(c.handle(bad.into()), Message::Error(e) if e.code == ErrorCode::InvalidRequest.as_u16())
+        );
+        let unknown = GetSplits { app_id: "a".into(), shuffle_id: 9 };
+        assert!(
+            matches!(c.handle(unknown.into()), Message::Error(e) if e.code == ErrorCode::UnknownShuffle.as_u16())
+        );
+        // A peer keeps the longer list it is told, never a shorter one.
+        let peer = Coordinator::new(CoordinatorConfig::default()).unwrap();
+        let sync = ShuffleSync {
+            want_all: 0,
+            shuffles: vec![SyncedShuffle {
+                app_id: "a".into(),
+                num_maps: 2,
+                replication: 1,
+                assignment: a.clone(),
+            }],
+            ..Default::default()
+        };
+        peer.handle(sync.into());
+        let told = |parts: Vec<PartitionLoc>| Splits {
+            app_id: "a".into(),
+            shuffle_id: 1,
+            partitions: vec![SplitParts { partition_id: 0, parts }],
+        };
+        assert!(matches!(peer.handle(told(three.clone()).into()), Message::Ok(_)));
+        peer.handle(told(two.clone()).into());
+        assert_eq!(split_ask(&peer, 0, 3), three);
+    }
+
+    #[test]
+    fn a_full_server_gets_no_part() {
+        let c = Coordinator::new(CoordinatorConfig::default()).unwrap();
+        beat(&c, "s1", 1, 1 << 30);
+        beat(&c, "s2", 2, 1 << 30);
+        let reg = RegisterShuffle {
+            app_id: "a".into(),
+            shuffle_id: 1,
+            num_maps: 2,
+            num_partitions: 1,
+            replication: 1,
+        };
+        let Message::Assignment(a) = c.handle(reg.into()) else { panic!() };
+        let other = if a.partitions[0].primary == 0 { "s2" } else { "s1" };
+        let port = if other == "s1" { 1 } else { 2 };
+        beat(&c, other, port, 5); // less free disk than its memory budget (10): nearly full
+        assert_eq!(split_ask(&c, 0, 1).len(), 1, "no room anywhere else: unchanged");
+        beat(&c, other, port, 1 << 30);
+        assert_eq!(split_ask(&c, 0, 1).len(), 2);
     }
 
     #[test]

@@ -281,9 +281,9 @@ impl Coordinator {
         let live = self.live_servers().len();
         let servers = self.servers_report();
         let count = |st: ServerState| servers.iter().filter(|s| s.state == st).count();
-        let (apps, shuffles) = {
+        let (apps, shuffles, splits) = {
             let view = self.view.lock();
-            (view.apps.len(), view.shuffles.len())
+            (view.apps.len(), view.shuffles.len(), view.splits_made)
         };
         let mut out = format!(
             "# TYPE sluice_coordinator_live_servers gauge\nsluice_coordinator_live_servers {live}\n"
@@ -298,6 +298,9 @@ impl Coordinator {
         {
             out.push_str(&format!("# TYPE {name} gauge\n{name} {v}\n"));
         }
+        out.push_str(&format!(
+            "# TYPE sluice_coordinator_splits_total counter\nsluice_coordinator_splits_total {splits}\n"
+        ));
         out
     }
 

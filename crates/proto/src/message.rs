@@ -275,6 +275,63 @@ wire_struct! {
     }
 }
 wire_struct! {
+    /// Client → coordinator: a server answered a push of this partition with [`PushSplit`];
+    /// give the partition a new part on another server of the shuffle. Answered by [`Splits`]
+    /// with the partition's parts (unchanged when another writer split it already, or when no
+    /// server of the shuffle can take another part).
+    pub struct SplitPartition {
+        /// The application the shuffle belongs to.
+        pub app_id: String,
+        /// The shuffle.
+        pub shuffle_id: u32,
+        /// The partition to split.
+        pub partition_id: u32,
+        /// How many parts the sender knows of (≥ 1): only its last one is split.
+        pub known_parts: u16,
+    }
+}
+wire_struct! {
+    /// Ask a coordinator for the parts of a shuffle's split partitions; answered by [`Splits`].
+    pub struct GetSplits {
+        /// The application the shuffle belongs to.
+        pub app_id: String,
+        /// The shuffle asked about.
+        pub shuffle_id: u32,
+    }
+}
+wire_struct! {
+    /// The parts of one partition, in order; part 0 is the assignment's own entry.
+    pub struct SplitParts {
+        /// The partition.
+        pub partition_id: u32,
+        /// Its parts (≥ 1; an empty list is malformed), each a primary and an optional replica
+        /// indexing the shuffle's assignment's `servers`.
+        pub parts: Vec<PartitionLoc>,
+    }
+}
+wire_struct! {
+    /// Parts of split partitions. The answer to [`GetSplits`] (every partition with more than
+    /// one part) and to [`SplitPartition`] (that partition, whatever its number of parts);
+    /// coordinator → peer, a split made (answered `Ok`).
+    pub struct Splits {
+        /// The application the shuffle belongs to.
+        pub app_id: String,
+        /// The shuffle.
+        pub shuffle_id: u32,
+        /// The partitions, each with its parts.
+        pub partitions: Vec<SplitParts>,
+    }
+}
+wire_struct! {
+    /// The answer to a push that was stored when some of its partitions passed the server's
+    /// split threshold (or its disks are nearly full): their next batches go to their next part
+    /// ([`SplitPartition`]).
+    pub struct PushSplit {
+        /// The partitions to move on from this server.
+        pub partitions: Vec<u32>,
+    }
+}
+wire_struct! {
     /// Flush and seal a shuffle on a server; answered by [`CommitResult`].
     pub struct CommitShuffle {
         /// The application the shuffle belongs to.
@@ -549,6 +606,9 @@ messages! {
     21 => ServerStatus(ServerStatus) body=false,
     22 => DrainOrder(DrainOrder) body=false,
     25 => ShuffleSync(ShuffleSync) body=false,
+    26 => SplitPartition(SplitPartition) body=false,
+    27 => GetSplits(GetSplits) body=false,
+    28 => Splits(Splits) body=false,
     30 => Push(Push) body=true,
     31 => PushMerged(PushMerged) body=true,
     32 => PushAck(PushAck) body=false,
@@ -560,6 +620,7 @@ messages! {
     38 => FetchChunk(FetchChunk) body=false,
     39 => ChunkData(ChunkData) body=true,
     40 => CloseStream(CloseStream) body=false,
+    41 => PushSplit(PushSplit) body=false,
 }
 
 impl OpenStream {
@@ -637,6 +698,12 @@ impl Message {
                 }
             }
             Message::OpenStream(o) => o.validate()?,
+            Message::SplitPartition(r) if r.known_parts == 0 => {
+                return Err(ProtoError::Malformed("SplitPartition.known_parts is 0"));
+            }
+            Message::Splits(s) if s.partitions.iter().any(|p| p.parts.is_empty()) => {
+                return Err(ProtoError::Malformed("a split partition with no parts"));
+            }
             Message::ServerStatus(s) => {
                 if s.draining > 1 {
                     return Err(ProtoError::Malformed("server status draining flag is not 0 or 1"));
@@ -675,6 +742,9 @@ impl Message {
             Message::UnregisterApp(m) => &m.app_id,
             Message::RegisterShuffle(m) => &m.app_id,
             Message::GetAssignment(m) => &m.app_id,
+            Message::SplitPartition(m) => &m.app_id,
+            Message::GetSplits(m) => &m.app_id,
+            Message::Splits(m) => &m.app_id,
             Message::CommitShuffle(m) => &m.app_id,
             Message::UnregisterShuffle(m) => &m.app_id,
             Message::Push(m) => &m.app_id,
@@ -695,6 +765,7 @@ impl Message {
                 | Message::ServerHeartbeat(_)
                 | Message::ServerStatus(_)
                 | Message::ShuffleSync(_)
+                | Message::Splits(_)
         )
     }
 
@@ -758,6 +829,12 @@ mod tests {
                 s.disks.iter_mut().for_each(|d| d.state %= DISK_FAILED + 1);
             }
             Message::DrainOrder(d) => d.order %= DRAIN_ORDER_STOP + 1,
+            Message::SplitPartition(r) => r.known_parts = r.known_parts.max(1),
+            Message::Splits(s) => s.partitions.iter_mut().for_each(|p| {
+                if p.parts.is_empty() {
+                    p.parts.push(PartitionLoc { primary: 0, replica: NO_REPLICA });
+                }
+            }),
             Message::PushMerged(p) => p.entries.iter_mut().for_each(|s| {
                 s.offset = 0;
                 s.length = 0;
@@ -795,6 +872,6 @@ mod tests {
             assert!(seen.insert(*t as u8));
             assert_eq!(MsgType::from_u8(*t as u8), Some(*t));
         }
-        assert_eq!(seen.len(), 33);
+        assert_eq!(seen.len(), 37);
     }
 }

@@ -35,6 +35,11 @@ pub struct ServerConfig {
     /// A partition buffer this large is flushed as one chunk, in bytes; also the chunk size
     /// readers fetch.
     pub chunk_bytes: u64,
+    /// A partition whose data on this server reaches this many bytes is split: pushes to it are
+    /// answered `PushSplit`, and its writers move on to a new part on another server (see
+    /// docs/protocol.md, "Partition splits"). 0: never on size (a server whose disks are nearly
+    /// full still splits).
+    pub split_threshold_bytes: u64,
     /// Flusher threads per data directory.
     pub flushers_per_dir: usize,
     /// Bytes of a flush each `pwritev` carries at most (each ends at a multiple of this in the
@@ -86,6 +91,129 @@ pub struct ServerConfig {
     /// `app`, `user` and `users.<name>`, each with `buffered_bytes`, `disk_bytes`,
     /// `object_store_bytes`; 0: no limit). None by default.
     pub quotas: crate::quota::QuotaConfig,
+    /// The object-store tier (`[object_store]`): where committed partitions move when the data
+    /// directories fill up. `None` (no `bucket`): off, data stays on local disks.
+    pub object_store: Option<ObjectStoreConfig>,
+}
+
+/// An S3-compatible object store that committed partitions move to when the local disks pass
+/// [`ObjectStoreConfig::offload_high_watermark`], and are served back from by ranged reads.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ObjectStoreConfig {
+    /// Bucket the partitions go to (it must exist). Required.
+    pub bucket: String,
+    /// Key prefix of every object this server writes (`<prefix>/<app>/<shuffle>/...`).
+    pub prefix: String,
+    /// Endpoint URL of an S3-compatible store (`http://host:port` for MinIO and the like);
+    /// empty: AWS S3 of `region`.
+    pub endpoint: String,
+    /// Region (signing; AWS S3's endpoint when `endpoint` is empty).
+    pub region: String,
+    /// Access key id; empty: `AWS_ACCESS_KEY_ID` from the environment, or the instance's
+    /// credentials (web identity, container or instance metadata).
+    pub access_key_id: String,
+    /// Secret access key; empty: `AWS_SECRET_ACCESS_KEY` from the environment, or as above.
+    pub secret_access_key: String,
+    /// Allow plain `http://` endpoints (a store on a trusted network, and the tests).
+    pub allow_http: bool,
+    /// Path-style requests (`endpoint/bucket/key`) rather than virtual-host style
+    /// (`bucket.endpoint/key`); most self-hosted stores want `true`.
+    pub path_style: bool,
+    /// Fraction of a data directory's file system in use above which its committed partitions
+    /// start moving to the store (largest first), in (0, 1].
+    pub offload_high_watermark: f64,
+    /// Moving stops once the directory is back under this fraction; below the high watermark.
+    pub offload_low_watermark: f64,
+    /// Bound on one HTTP request to the store (connect, send, answer), in milliseconds. A
+    /// chunk read gets `request_timeout_ms` × (`max_retries` + 1) + 1 s in all: keep that under
+    /// the readers' request timeout (120 s by default), so they hear `STORAGE_FAILED` rather
+    /// than time out themselves.
+    pub request_timeout_ms: u64,
+    /// Bound on connecting to the store, in milliseconds.
+    pub connect_timeout_ms: u64,
+    /// Retries of a failed request to the store (with back-off), inside the bound of
+    /// `request_timeout_ms` × (retries + 1) that a chunk read or an upload step gets as a whole.
+    pub max_retries: usize,
+    /// Chunk reads from the store at once; more wait. Each holds one chunk in memory, so this
+    /// × `chunk_bytes` bounds the memory reads from the store take.
+    pub max_concurrent_reads: usize,
+    /// Size of each part of the multipart upload that copies a partition file, in bytes
+    /// (5 MiB to 5 GiB, as S3 requires).
+    pub upload_part_bytes: u64,
+}
+
+impl Default for ObjectStoreConfig {
+    fn default() -> Self {
+        ObjectStoreConfig {
+            bucket: String::new(),
+            prefix: "sluice".into(),
+            endpoint: String::new(),
+            region: "us-east-1".into(),
+            access_key_id: String::new(),
+            secret_access_key: String::new(),
+            allow_http: false,
+            path_style: true,
+            offload_high_watermark: 0.85,
+            offload_low_watermark: 0.75,
+            request_timeout_ms: 20_000,
+            connect_timeout_ms: 5_000,
+            max_retries: 3,
+            max_concurrent_reads: 16,
+            upload_part_bytes: 16 << 20,
+        }
+    }
+}
+
+impl ObjectStoreConfig {
+    /// Checks the values; the message names the field (`object_store.<field>`).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.bucket.is_empty() {
+            return Err("object_store.bucket: required when [object_store] is set".into());
+        }
+        let (lo, hi) = (self.offload_low_watermark, self.offload_high_watermark);
+        if !(0.0 <= lo && lo < hi && hi <= 1.0) {
+            return Err(format!(
+                "object_store: need 0 <= offload_low_watermark ({lo}) < offload_high_watermark ({hi}) <= 1"
+            ));
+        }
+        if self.request_timeout_ms == 0 || self.connect_timeout_ms == 0 {
+            return Err(
+                "object_store.request_timeout_ms and connect_timeout_ms must be positive".into()
+            );
+        }
+        if self.max_retries > 10 {
+            return Err(format!("object_store.max_retries: {} is over 10", self.max_retries));
+        }
+        if self.max_concurrent_reads == 0 {
+            return Err("object_store.max_concurrent_reads: must be at least 1".into());
+        }
+        if !(5 << 20..=5 << 30).contains(&self.upload_part_bytes) {
+            return Err(format!(
+                "object_store.upload_part_bytes: {} is not between 5 MiB and 5 GiB",
+                self.upload_part_bytes
+            ));
+        }
+        if !self.endpoint.is_empty() {
+            let http = self.endpoint.starts_with("http://");
+            if !http && !self.endpoint.starts_with("https://") {
+                return Err(format!(
+                    "object_store.endpoint: {:?} is not an http:// or https:// URL",
+                    self.endpoint
+                ));
+            }
+            if http && !self.allow_http {
+                return Err("object_store.endpoint: plain http:// needs allow_http = true".into());
+            }
+        }
+        if self.access_key_id.is_empty() != self.secret_access_key.is_empty() {
+            return Err(
+                "object_store: access_key_id and secret_access_key go together (both or neither)"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
 }
 
 impl Default for ServerConfig {
@@ -102,6 +230,7 @@ impl Default for ServerConfig {
             busy_backoff_ms: 50,
             busy_hold_ms: 100,
             chunk_bytes: 4 << 20,
+            split_threshold_bytes: 1 << 30,
             flushers_per_dir: 2,
             flush_write_bytes: 256 << 10,
             flusher_nice: 0,
@@ -117,6 +246,7 @@ impl Default for ServerConfig {
             transport: sluice_transport::ServerConfig::default(),
             admin_token: None,
             quotas: crate::quota::QuotaConfig::default(),
+            object_store: None,
         }
     }
 }
@@ -164,6 +294,42 @@ impl ServerConfig {
             return Err("quotas.users: a user name is empty".into());
         }
         sluice_transport::validate_admin_token(self.admin_token.as_deref())?;
+        if let Some(o) = &self.object_store {
+            o.validate()?;
+        }
         self.transport.validate().map_err(|e| format!("transport: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_store(f: impl FnOnce(&mut ObjectStoreConfig)) -> Result<(), String> {
+        let mut store = ObjectStoreConfig { bucket: "b".into(), ..ObjectStoreConfig::default() };
+        f(&mut store);
+        ServerConfig { object_store: Some(store), ..ServerConfig::default() }.validate()
+    }
+
+    #[test]
+    fn object_store_settings_are_checked_with_the_key_named() {
+        assert_eq!(with_store(|_| {}), Ok(()));
+        let err = |f: fn(&mut ObjectStoreConfig)| with_store(f).unwrap_err();
+        assert!(err(|s| s.bucket.clear()).contains("object_store.bucket"));
+        assert!(err(|s| s.offload_low_watermark = 0.9).contains("offload_low_watermark"));
+        assert!(err(|s| s.offload_high_watermark = 1.5).contains("offload_high_watermark"));
+        assert!(err(|s| s.offload_high_watermark = f64::NAN).contains("offload_high_watermark"));
+        assert!(err(|s| s.endpoint = "http://h:9000".into()).contains("allow_http"));
+        assert!(err(|s| s.endpoint = "ftp://h".into()).contains("object_store.endpoint"));
+        assert!(err(|s| s.access_key_id = "k".into()).contains("secret_access_key"));
+        assert!(err(|s| s.upload_part_bytes = 1 << 20).contains("upload_part_bytes"));
+        assert!(err(|s| s.max_concurrent_reads = 0).contains("max_concurrent_reads"));
+        assert!(err(|s| s.request_timeout_ms = 0).contains("request_timeout_ms"));
+        assert!(err(|s| s.max_retries = 11).contains("max_retries"));
+        let http = |s: &mut ObjectStoreConfig| {
+            s.endpoint = "http://127.0.0.1:9000".into();
+            s.allow_http = true;
+        };
+        assert_eq!(with_store(http), Ok(()));
     }
 }

@@ -84,6 +84,25 @@ pub fn persist(
     Ok(())
 }
 
+/// Writes a committed shuffle's `record` anew on every data directory in service that holds
+/// one (after partitions moved to the object store: the record says where they are now).
+/// Blocking. `Err` when no directory holds a record (the shuffle was deleted meanwhile) or one
+/// cannot be written.
+pub fn rewrite(storage: &Storage, key: &ShuffleKey, record: &[u8]) -> io::Result<()> {
+    let mut written = 0;
+    for dir in storage.dirs().iter().filter(|d| !d.is_failed()) {
+        let sdir = shuffle_dir(dir, key);
+        if sdir.join(INDEX_FILE).is_file() {
+            write_synced(&sdir, record).map_err(|e| context(e, &sdir))?;
+            written += 1;
+        }
+    }
+    if written == 0 {
+        return Err(io::Error::other("no data directory holds the shuffle's commit record"));
+    }
+    Ok(())
+}
+
 fn context(e: io::Error, path: &Path) -> io::Error {
     io::Error::new(e.kind(), format!("{}: {e}", path.display()))
 }
@@ -295,4 +314,36 @@ fn open_partition_file(
         ));
     }
     Ok(Arc::new(DataFile { file: Arc::new(file), dir: dir.clone(), path }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rewritten_record_replaces_every_copy_and_needs_one() {
+        let (a, b, c) = (
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+        );
+        let paths = [a.path().to_path_buf(), b.path().to_path_buf(), c.path().to_path_buf()];
+        let storage = Storage::open(&paths, 0, 0);
+        let key = ShuffleKey::new("app/1", 3);
+        assert!(rewrite(&storage, &key, b"new").is_err(), "no copy to replace");
+        // Copies on the first two directories; the third holds nothing of the shuffle.
+        for d in &storage.dirs()[..2] {
+            let sdir = shuffle_dir(d, &key);
+            std::fs::create_dir_all(&sdir).unwrap();
+            std::fs::write(sdir.join(INDEX_FILE), b"old").unwrap();
+        }
+        rewrite(&storage, &key, b"new").unwrap();
+        for d in &storage.dirs()[..2] {
+            let sdir = shuffle_dir(d, &key);
+            assert_eq!(std::fs::read(sdir.join(INDEX_FILE)).unwrap(), b"new");
+            let left: Vec<_> = std::fs::read_dir(&sdir).unwrap().collect();
+            assert_eq!(left.len(), 1, "a temporary record left behind");
+        }
+        assert!(!shuffle_dir(&storage.dirs()[2], &key).exists(), "a copy where there was none");
+    }
 }

@@ -120,6 +120,7 @@ fn run_job(storage: &Storage, job: FlushJob, how: WriteHow, on_done: &OnFlushed)
         let (file, offset) = (plan.file().file.clone(), plan.offset());
         let e = match write_all_at(&file, plan.slices(), offset, how.write_bytes) {
             Ok(()) => {
+                plan.file().dir.note_written(plan.bytes());
                 if how.writeback {
                     start_writeback(&file, offset, plan.bytes());
                 }

@@ -12,7 +12,11 @@
 //! - a deleted shuffle holds, records and serves nothing, and never gets a file again;
 //! - a partition is lost only after something that can lose it (a failed write given up, no
 //!   file to be had), and a plan reported lost does lose it;
-//! - after each commit, every chunk lies within its file's end as the commit cuts it.
+//! - after each commit, every chunk lies within its file's end as the commit cuts it;
+//! - only a readable shuffle's partitions that hold chunks in files are offered to the object
+//!   store, a move hands back exactly the files offered, and a moved partition serves the same
+//!   bytes from its objects (named after its files here, so they are read off the fake disk),
+//!   also after a restart from its record.
 //!
 //! Each stream it asks for is checked against the model: refused with the right code exactly
 //! when it must be (not committed, no such partition, partition lost, a map of the range with
@@ -36,8 +40,8 @@ use sluice_proto::message::{MapAttempt, OpenStream, RegisterShuffle, Section};
 use sluice_proto::ErrorCode;
 
 use crate::core::{
-    padded_len, Apps, ByteRange, FileSource, FlushOutcome, FlushPlan, Lifecycle, Shuffle,
-    ShuffleKey, Streams,
+    padded_len, Apps, ByteRange, ChunkSource, FileSource, FlushOutcome, FlushPlan, Lifecycle,
+    Shuffle, ShuffleKey, Streams,
 };
 use crate::memory_budget::MemoryBudget;
 
@@ -121,6 +125,12 @@ pub enum Op {
     /// decoded, as a restarted server reads it), and every stream is gone; it must serve the
     /// same bytes as before. (An unsealed shuffle is not restarted: a restart deletes it.)
     Restart,
+    /// The disks fill: committed partitions are offered to the object store, and partition
+    /// `partition` (modulo the shuffle's) moves there if it is among them.
+    Offload {
+        /// The partition.
+        partition: u8,
+    },
     /// Time passes; idle streams expire.
     Tick {
         /// Seconds.
@@ -223,6 +233,8 @@ pub struct Harness {
     step: usize,
     /// Restarts that brought a readable shuffle back from its record.
     restarts: usize,
+    /// Partitions moved to the object store.
+    offloads: usize,
 }
 
 impl Default for Harness {
@@ -256,6 +268,7 @@ impl Harness {
             now: Instant::now(),
             step: 0,
             restarts: 0,
+            offloads: 0,
         }
     }
 
@@ -300,6 +313,7 @@ impl Harness {
             Op::Unregister => self.unregister(),
             Op::Disk { state } => self.storage.state = state % 3,
             Op::Restart => self.restart(),
+            Op::Offload { partition } => self.offload(*partition as u32 % PARTITIONS),
             Op::Tick { secs } => {
                 self.now += Duration::from_secs(*secs as u64);
                 self.streams.expire(self.now, STREAM_IDLE);
@@ -315,8 +329,8 @@ impl Harness {
 
     /// The end of a run: carries out every pending plan, ends every map that has not ended
     /// (with the attempt that has the most acknowledged batches), commits until the shuffle is
-    /// readable, reads every partition back (winners, and each ended attempt by name),
-    /// unregisters, and checks that all memory came back.
+    /// readable, moves partition 0 to the object store, reads every partition back (winners, and
+    /// each ended attempt by name), unregisters, and checks that all memory came back.
     pub fn finish(&mut self) {
         self.storage.state = 0;
         self.drain_pending();
@@ -339,6 +353,9 @@ impl Harness {
                 self.commit();
                 self.drain_pending();
             }
+            // Partition 0 is read from the object store (if it has chunks in files), the
+            // others from their files.
+            self.offload(0);
             for p in 0..PARTITIONS + 1 {
                 self.open_stream(p, 0, MAPS, None);
                 let ended: Vec<(u32, u32)> = self.ended.keys().copied().collect();
@@ -381,6 +398,33 @@ impl Harness {
         self.restarts += 1;
     }
 
+    /// Moves partition `pid` to the object store if the core offers it; its objects are named
+    /// after its files (`object-<file>`), so that streams read them off the fake disk.
+    fn offload(&mut self, pid: u32) {
+        let Some(s) = self.shuffle.clone() else { return };
+        let offered = s.offloadable();
+        assert!(
+            offered.is_empty() || s.lifecycle() == Lifecycle::Readable,
+            "step {}: partitions of a shuffle not readable offered to the store",
+            self.step
+        );
+        for (p, files) in &offered {
+            let part = s.partition(*p).unwrap();
+            assert!(part.lost().is_none() && !part.chunks().is_empty(), "step {}", self.step);
+            for (f, end) in files {
+                let written = self.written.get(f).and_then(|w| w.last_key_value());
+                let written_end = written.map_or(0, |(at, len)| at + len);
+                assert!(*end <= written_end, "step {}: offered past what was written", self.step);
+            }
+        }
+        let Some((_, files)) = offered.into_iter().find(|(p, _)| *p == pid) else { return };
+        let keys: Vec<String> = files.iter().map(|(f, _)| format!("object-{f}")).collect();
+        let local = s.offloaded(pid, keys).expect("an offered partition moves");
+        assert_eq!(local, files.iter().map(|(f, _)| *f).collect::<Vec<_>>(), "step {}", self.step);
+        assert!(s.offloaded(pid, vec!["again".into()]).is_err(), "step {}: moved twice", self.step);
+        self.offloads += 1;
+    }
+
     fn register(&mut self) {
         if self.shuffle.is_some() {
             return;
@@ -392,7 +436,7 @@ impl Harness {
             num_partitions: PARTITIONS,
             ..Default::default()
         };
-        self.apps.register_shuffle(&r, CHUNK_BYTES, self.now).expect("registers");
+        self.apps.register_shuffle(&r, CHUNK_BYTES, 0, self.now).expect("registers");
         self.shuffle = Some(self.apps.shuffle(APP, SHUFFLE).expect("registered"));
         self.storage.deleted.set(false);
         self.buffered = vec![Vec::new(); PARTITIONS as usize];
@@ -652,7 +696,11 @@ impl Harness {
             for pid in 0..PARTITIONS {
                 let p = shuffle.partition(pid).unwrap();
                 for c in p.chunks() {
-                    let f = p.file(c.file()).unwrap();
+                    // A partition moved to the object store has no file left to cut.
+                    let Some(f) = p.file(c.file()) else {
+                        assert!(p.object(c.file()).is_some(), "step {}", self.step);
+                        continue;
+                    };
                     let end = ends.get(f).copied().unwrap_or(0);
                     assert!(c.padded_end() <= end, "step {}: a cut would cut a chunk", self.step);
                 }
@@ -697,8 +745,9 @@ impl Harness {
         o.attempts
             .iter()
             .map(|a| match count(a.map_id, a.attempt_id) {
-                Some(n) if n > 0 => Ok((a.map_id, a.attempt_id, n)),
-                _ => Err(ErrorCode::DataLost),
+                // Ended here with nothing in the partition: read as nothing (a split's part).
+                Some(n) => Ok((a.map_id, a.attempt_id, n)),
+                None => Err(ErrorCode::DataLost),
             })
             .collect()
     }
@@ -719,7 +768,13 @@ impl Harness {
             map_end: end,
             attempts: named.clone().unwrap_or_default(),
         };
-        let body = |f: &FakeFile, r: &[ByteRange]| Served { file: *f, ranges: r.to_vec() };
+        let body = |f: ChunkSource<'_, FakeFile>, r: &[ByteRange]| Served {
+            file: match f {
+                ChunkSource::File(f) => *f,
+                ChunkSource::Object(key) => object_file(key),
+            },
+            ranges: r.to_vec(),
+        };
         let expected = self.expected_stream(&shuffle, &o);
         let (chunks, committed) = match (shuffle.open_stream(&o, body), expected) {
             (Ok(x), Ok(want)) => {
@@ -882,7 +937,11 @@ impl Harness {
                 // The chunk index points only at written regions, and no two chunks overlap.
                 let mut regions: BTreeMap<(FakeFile, u64), u64> = BTreeMap::new();
                 for c in p.chunks() {
-                    let file = *p.file(c.file()).expect("a chunk's file is known");
+                    let file = match (p.file(c.file()), p.object(c.file())) {
+                        (Some(f), None) => *f,
+                        (None, Some(key)) => object_file(key),
+                        _ => panic!("step {step}: a chunk's file is not known as one place"),
+                    };
                     let written = self.written.get(&file).and_then(|w| w.get(&c.offset()));
                     assert_eq!(
                         written.copied(),
@@ -890,7 +949,8 @@ impl Harness {
                         "step {step}: chunk not written as indexed"
                     );
                     assert!(
-                        c.padded_end() <= p.cursor(c.file()).unwrap(),
+                        p.object(c.file()).is_some()
+                            || c.padded_end() <= p.cursor(c.file()).unwrap(),
                         "step {step}: chunk past its file's cursor"
                     );
                     assert!(
@@ -905,11 +965,20 @@ impl Harness {
             assert_eq!(s.lifecycle(), Lifecycle::Deleted, "step {step}");
             for pid in 0..PARTITIONS {
                 let p = s.partition(pid).unwrap();
-                let empty = p.chunks().is_empty() && p.buffered_bytes() == 0 && p.file(0).is_none();
+                let empty = p.chunks().is_empty()
+                    && p.buffered_bytes() == 0
+                    && p.file(0).is_none()
+                    && p.object(0).is_none();
                 assert!(empty, "step {step}: a deleted shuffle holds data");
             }
         }
     }
+}
+
+/// The fake file an object of the harness was named after (`object-<file>`).
+fn object_file(key: &str) -> FakeFile {
+    let file = key.strip_prefix("object-").and_then(|f| f.parse().ok());
+    file.unwrap_or_else(|| panic!("object {key:?} is none the harness named"))
 }
 
 fn held_bytes(v: &[(u64, u64)]) -> u64 {
@@ -918,8 +987,9 @@ fn held_bytes(v: &[(u64, u64)]) -> u64 {
 
 /// Applies the operations `data` decodes to, checking after each, then drains everything (the
 /// fuzz target's body). Decoding stops at the first byte sequence that makes no operation.
-/// Returns how many restarts brought a readable shuffle back.
-pub fn run(data: &[u8]) -> usize {
+/// Returns how many restarts brought a readable shuffle back, and how many partitions moved to
+/// the object store.
+pub fn run(data: &[u8]) -> (usize, usize) {
     let mut u = Unstructured::new(data);
     let mut h = Harness::new();
     h.apply(&Op::Register);
@@ -930,7 +1000,7 @@ pub fn run(data: &[u8]) -> usize {
         }
     }
     h.finish();
-    h.restarts
+    (h.restarts, h.offloads)
 }
 
 #[cfg(test)]
@@ -942,14 +1012,18 @@ mod tests {
     #[test]
     fn random_operation_sequences_keep_the_invariants() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
-        let mut restarts = 0;
+        let (mut restarts, mut offloads) = (0, 0);
         for _ in 0..3000 {
             let len = rng.random_range(16..2048);
             let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
-            restarts += super::run(&data);
+            let (r, o) = super::run(&data);
+            restarts += r;
+            offloads += o;
         }
-        // Restarts of a readable shuffle, then reads of it, are among what is checked.
+        // Restarts of a readable shuffle, then reads of it, are among what is checked; so are
+        // partitions moved to the object store.
         assert!(restarts >= 50, "only {restarts} restarts of a readable shuffle");
-        eprintln!("{restarts} restarts of a readable shuffle");
+        assert!(offloads >= 100, "only {offloads} partitions moved to the object store");
+        eprintln!("{restarts} restarts of a readable shuffle, {offloads} partitions moved");
     }
 }

@@ -14,6 +14,9 @@
 //! - `files`: partition files: where a partition's next one is created, and their removal.
 //! - `storage`: data directories, chosen by free space, taken out of service on failure; the
 //!   recycle pool.
+//! - `tier`: the object-store tier: committed partitions copied to an S3-compatible store when
+//!   the disks fill, and their chunks read back with ranged GETs (the pass that decides what
+//!   moves is `ServerState::offload`).
 //! - `memory_budget`: reservations and watermarks for buffered data.
 //! - `quota`: per-application and per-user limits on buffered, stored and object-store bytes,
 //!   checked when a push is admitted.
@@ -40,6 +43,7 @@ mod state;
 mod stats;
 mod status;
 mod storage;
+mod tier;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -141,7 +145,13 @@ impl Server {
     pub fn new(config: ServerConfig) -> Result<Server, String> {
         config.validate()?;
         raise_open_file_limit();
-        let state = ServerState::new(config);
+        let tier = config.object_store.as_ref().map(tier::Tier::open).transpose()?;
+        if let Some(o) = &config.object_store {
+            tracing::info!(bucket = %o.bucket, endpoint = %o.endpoint,
+                high = o.offload_high_watermark, low = o.offload_low_watermark,
+                "object-store tier on: committed partitions move there when the disks fill");
+        }
+        let state = ServerState::new(config, tier);
         for d in state.storage.dirs() {
             if d.is_failed() {
                 tracing::error!(dir = %d.path.display(), "data directory unusable at start");
@@ -232,6 +242,7 @@ impl Server {
             ("sluice_server_shuffles_held", state.shuffles_held() as u64),
             ("sluice_server_partitions_held", u64::from(state.partitions_held())),
             ("sluice_server_metadata_bytes", state.metadata_bytes()),
+            ("sluice_server_object_store_bytes", state.offloaded_bytes()),
         ]);
         // Per application: what its shuffles hold in memory and in files.
         let apps = state.apps_report();
@@ -244,6 +255,8 @@ impl Server {
         stats::Stats::labelled(&mut out, "sluice_server_app_stored_bytes", "app", &stored);
         let refusals = state.quota_refusals();
         stats::Stats::labelled(&mut out, "sluice_server_quota_refusals_total", "quota", &refusals);
+        let offloaded = per_app(|a| a.shuffles.iter().map(|s| s.offloaded_bytes).sum());
+        stats::Stats::labelled(&mut out, "sluice_server_app_offloaded_bytes", "app", &offloaded);
         // Per data directory: free space and size (statvfs each, once per scrape).
         let dirs = state.storage.dirs();
         let per_dir = |f: fn(&storage::DataDir) -> u64| -> Vec<(String, u64)> {
@@ -291,6 +304,7 @@ async fn maintenance(state: Arc<ServerState>) {
             }
             state.expire_apps();
             state.expire_streams();
+            tokio::spawn(state.clone().offload());
             // statvfs, and deleting the recycle pool when space runs low: blocking file work.
             let storage = state.storage.clone();
             tokio::task::spawn_blocking(move || storage.refresh());

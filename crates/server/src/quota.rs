@@ -7,7 +7,7 @@
 //! - `disk_bytes`: bytes of the application's live shuffles accepted here: on disk, or buffered on
 //!   their way there (every accepted byte ends up in a file); freed when a shuffle is deleted;
 //! - `object_store_bytes`: bytes moved to the object-store tier ([`Quotas::moved_to_object_store`],
-//!   called by the tier once it exists), which no longer count as `disk_bytes`.
+//!   called when a partition moves), which no longer count as `disk_bytes`.
 //!
 //! A push is checked at admission, before its body is read and before any memory is reserved for
 //! it ([`Quotas::admit`]): an application over a quota (or whose user is) is refused with
@@ -290,9 +290,8 @@ impl Quotas {
     }
 
     /// The object-store tier's hook: `bytes` of a shuffle moved from local disk to the object
-    /// store (they stop counting as `disk_bytes` and count as `object_store_bytes`). Nothing
-    /// calls it until the tier lands (issue 22, built in parallel); the limit is enforced now.
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// store (they stop counting as `disk_bytes` and count as `object_store_bytes`), called
+    /// when a partition's data is served from the store (`ServerState::offload_partition`).
     pub fn moved_to_object_store(&self, app_id: &str, shuffle_id: u32, bytes: u64) {
         let mut s = self.state.lock();
         let charge = Self::charge_of(&mut s, app_id);

@@ -1,6 +1,7 @@
 //! The server's wiring: each request handed to the core, the core's flush plans handed to the
 //! flushers, deleted shuffles' files handed to storage, and the clock read here, not in the core.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,13 +13,16 @@ use sluice_transport::{Body, FileRegion, Response};
 use tokio::sync::Notify;
 
 use crate::config::ServerConfig;
-use crate::core::{AppReport, Apps, ByteRange, Deleted, FlushPlan, Refusal, Shuffle, Streams};
+use crate::core::{
+    AppReport, Apps, ByteRange, ChunkSource, Deleted, FlushPlan, Refusal, Shuffle, Streams,
+};
 use crate::files::{remove_app_dirs, remove_shuffle_files, FileRef, Placement};
 use crate::flusher::Flushers;
 use crate::memory_budget::{MemoryBudget, Pressure, Reservation};
 use crate::quota::Quotas;
 use crate::stats::Stats;
 use crate::storage::Storage;
+use crate::tier::{Tier, TierError};
 
 /// A shuffle as the server holds it.
 type ShuffleRef = Arc<Shuffle<FileRef>>;
@@ -44,6 +48,26 @@ pub enum Admit {
 /// A stream not fetched from for this long is dropped (its reader is gone).
 const STREAM_IDLE: Duration = Duration::from_secs(600);
 
+/// What a stream sends of one chunk: regions of a local file (sent with `sendfile`), or byte
+/// ranges of an object, read from the object store when the chunk is fetched.
+#[derive(Debug, Clone)]
+pub(crate) enum ChunkBody {
+    /// On a local disk.
+    Local(Body),
+    /// In the object store: the object's key and the ranges of it to send, in order.
+    Object { key: Arc<str>, ranges: Arc<[std::ops::Range<u64>]> },
+}
+
+impl ChunkBody {
+    /// Bytes the chunk's body holds.
+    fn len(&self) -> u64 {
+        match self {
+            ChunkBody::Local(b) => b.len(),
+            ChunkBody::Object { ranges, .. } => ranges.iter().map(|r| r.end - r.start).sum(),
+        }
+    }
+}
+
 /// Everything a server holds: the core's state and the shells around it.
 pub struct ServerState {
     config: ServerConfig,
@@ -54,7 +78,11 @@ pub struct ServerState {
     pub(crate) body_pool: Arc<sluice_transport::BodyPool>,
     flushers: Flushers,
     apps: Apps<FileRef>,
-    streams: Streams<FileRef, Body>,
+    streams: Streams<FileRef, ChunkBody>,
+    /// The object store committed partitions move to when the disks fill (`None`: off).
+    tier: Option<Arc<Tier>>,
+    /// An offload pass is running (one at a time).
+    offloading: AtomicBool,
     /// Bytes handed to flushers and not yet written.
     flushing_bytes: Arc<AtomicU64>,
     /// Woken when a shuffle's last flush in flight is done (commits wait for that).
@@ -67,8 +95,9 @@ pub struct ServerState {
 }
 
 impl ServerState {
-    /// Opens storage and starts the flushers.
-    pub(crate) fn new(config: ServerConfig) -> Arc<Self> {
+    /// Opens storage and starts the flushers; `tier` is the object store opened from
+    /// `config.object_store`.
+    pub(crate) fn new(config: ServerConfig, tier: Option<Tier>) -> Arc<Self> {
         let budget = MemoryBudget::new(
             config.memory_budget_bytes,
             config.flush_watermark,
@@ -133,6 +162,8 @@ impl ServerState {
             flushers,
             apps,
             streams: Streams::starting_at(first_stream_id()),
+            tier: tier.map(Arc::new),
+            offloading: AtomicBool::new(false),
             flushing_bytes,
             flushes_done,
             relieving: AtomicBool::new(false),
@@ -258,12 +289,17 @@ impl ServerState {
             Message::UnregisterApp(r) => Ok(self.remove_app(&r.app_id, "unregistered")),
             Message::RegisterShuffle(r) => self
                 .apps
-                .register_shuffle(&r, self.config.chunk_bytes, Instant::now())
+                .register_shuffle(
+                    &r,
+                    self.config.chunk_bytes,
+                    self.config.split_threshold_bytes,
+                    Instant::now(),
+                )
                 .map(|()| Response::msg(OkMsg {})),
             Message::UnregisterShuffle(r) => self.unregister_shuffle(&r.app_id, r.shuffle_id),
             Message::CommitShuffle(c) => self.commit(&c.app_id, c.shuffle_id).await,
             Message::OpenStream(o) => self.open_stream(o, max_frame),
-            Message::FetchChunk(f) => self.fetch_chunk(f),
+            Message::FetchChunk(f) => self.fetch_chunk(f).await,
             Message::CloseStream(c) => {
                 self.streams.close(c.stream_id);
                 Ok(Response::msg(OkMsg {}))
@@ -308,7 +344,24 @@ impl ServerState {
         if self.budget.pressure() != Pressure::Normal {
             self.relieve_pressure();
         }
-        Ok(Response::msg(PushAck {}))
+        let mut split = pushed.split;
+        if self.disks_nearly_full() {
+            // Whatever is buffered must still fit: every partition of the push moves on.
+            split = sections.iter().map(|s| s.partition_id).collect();
+            split.dedup();
+        }
+        if split.is_empty() {
+            return Ok(Response::msg(PushAck {}));
+        }
+        self.stats.split_replies.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(shuffle = %shuffle.key(), partitions = ?split, "push stored; partitions split");
+        Ok(Response::msg(PushSplit { partitions: split }))
+    }
+
+    /// Less room left on the disks, above their reserve, than the memory budget: what the
+    /// server buffers might not fit, so partitions move on to other servers (`PushSplit`).
+    pub(crate) fn disks_nearly_full(&self) -> bool {
+        self.storage.room_seen() < self.budget.capacity()
     }
 
     /// Hands flush plans to the flushers.
@@ -389,8 +442,25 @@ impl ServerState {
         Response::msg(OkMsg {})
     }
 
-    fn remove_files(&self, deleted: Deleted<FileRef>) {
+    fn remove_files(&self, mut deleted: Deleted<FileRef>) {
+        let objects = std::mem::take(&mut deleted.objects);
         remove_shuffle_files(&self.storage, deleted);
+        if objects.is_empty() {
+            return;
+        }
+        let Some(tier) = self.tier.clone() else {
+            tracing::warn!(
+                objects = objects.len(),
+                "a deleted shuffle had objects in a store no longer configured; left there"
+            );
+            return;
+        };
+        // Called from request handlers and the maintenance tick, both on the runtime.
+        tokio::spawn(async move {
+            for key in objects {
+                tier.delete(&key).await;
+            }
+        });
     }
 
     fn unregister_shuffle(&self, app_id: &str, shuffle_id: u32) -> Result<Response, Refusal> {
@@ -470,10 +540,18 @@ impl ServerState {
         let shuffle = self.apps.shuffle(&o.app_id, o.shuffle_id)?;
         // Of each chunk, only the batches of the attempts read: other maps' (a map sub-range
         // read) and losing attempts' stay on disk.
-        let body = |f: &FileRef, ranges: &[ByteRange]| {
-            let regions: Vec<FileRegion> =
-                ranges.iter().map(|r| FileRegion::new(f.file.clone(), r.offset, r.len)).collect();
-            Body::from(regions)
+        let body = |source: ChunkSource<'_, FileRef>, ranges: &[ByteRange]| match source {
+            ChunkSource::File(f) => {
+                let regions: Vec<FileRegion> = ranges
+                    .iter()
+                    .map(|r| FileRegion::new(f.file.clone(), r.offset, r.len))
+                    .collect();
+                ChunkBody::Local(Body::from(regions))
+            }
+            ChunkSource::Object(key) => ChunkBody::Object {
+                key: key.into(),
+                ranges: ranges.iter().map(|r| r.offset..r.offset + r.len).collect(),
+            },
         };
         let (chunks, committed) = shuffle.open_stream(&o, body)?;
         // Each chunk goes out as one ChunkData frame, which must fit the frames this connection
@@ -498,14 +576,210 @@ impl ServerState {
         Ok(Response::msg(StreamHandle { stream_id, chunk_lengths, committed }))
     }
 
-    fn fetch_chunk(&self, f: FetchChunk) -> Result<Response, Refusal> {
-        let body = self.streams.fetch(f.stream_id, f.chunk_index, Instant::now())?;
+    async fn fetch_chunk(&self, f: FetchChunk) -> Result<Response, Refusal> {
+        let body = match self.streams.fetch(f.stream_id, f.chunk_index, Instant::now())? {
+            ChunkBody::Local(body) => body,
+            ChunkBody::Object { key, ranges } => self.read_object(&key, &ranges).await?,
+        };
         self.stats.fetched_chunks.fetch_add(1, Ordering::Relaxed);
         self.stats.fetched_bytes.fetch_add(body.len(), Ordering::Relaxed);
         Ok(Response {
             message: ChunkData { stream_id: f.stream_id, chunk_index: f.chunk_index }.into(),
             body,
         })
+    }
+
+    /// Reads one chunk's ranges of an offloaded partition's object. A store that fails or does
+    /// not answer in time is `STORAGE_FAILED` (retriable: the reader's task is retried, and
+    /// reads again once the store is back); an object gone from the store is `DATA_LOST`.
+    async fn read_object(
+        &self,
+        key: &str,
+        ranges: &[std::ops::Range<u64>],
+    ) -> Result<Body, Refusal> {
+        let Some(tier) = &self.tier else {
+            let why = format!("chunk in object {key}, but no object store is configured");
+            tracing::error!(object = key, "{why}");
+            return Err(Refusal::new(ErrorCode::StorageFailed, why));
+        };
+        match tier.read(key, ranges).await {
+            Ok(parts) => {
+                let len: usize = parts.iter().map(Bytes::len).sum();
+                self.stats.store_read_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                let bytes = if parts.len() == 1 {
+                    parts.into_iter().next().unwrap_or_default()
+                } else {
+                    let mut all = bytes::BytesMut::with_capacity(len);
+                    parts.iter().for_each(|p| all.extend_from_slice(p));
+                    all.freeze()
+                };
+                Ok(Body::from(bytes))
+            }
+            Err(e) => {
+                self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(object = key, error = %e, "object store read failed");
+                let code = match e {
+                    TierError::NotFound { .. } => ErrorCode::DataLost,
+                    _ => ErrorCode::StorageFailed,
+                };
+                Err(Refusal::new(code, format!("reading the partition from the object store: {e}")))
+            }
+        }
+    }
+
+    /// One offload pass, when an object store is configured: every data directory whose file
+    /// system is in use above `offload_high_watermark` has committed partitions with files on
+    /// it moved to the store, largest first, until it would be under `offload_low_watermark`.
+    /// One pass at a time; the maintenance tick starts one every second.
+    pub(crate) async fn offload(self: Arc<Self>) {
+        let (Some(tier), Some(oc)) = (self.tier.clone(), self.config.object_store.as_ref()) else {
+            return;
+        };
+        if self.offloading.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        /// Lets the next pass run however this one ends (a panic in it included).
+        struct Running<'a>(&'a AtomicBool);
+        impl Drop for Running<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _running = Running(&self.offloading);
+        let (high, low) = (oc.offload_high_watermark, oc.offload_low_watermark);
+        let storage = self.storage.clone();
+        // statvfs of each directory: blocking.
+        let over = tokio::task::spawn_blocking(move || dirs_over(&storage, high, low))
+            .await
+            .unwrap_or_default();
+        if !over.is_empty() {
+            self.offload_until(&tier, over).await;
+        }
+    }
+
+    /// Moves partitions with files on the directories of `need` (directory → bytes to free)
+    /// to the store, largest first, until each has freed its bytes or nothing is left to move.
+    async fn offload_until(&self, tier: &Arc<Tier>, mut need: HashMap<usize, u64>) {
+        let mut candidates = Vec::new();
+        for s in self.apps.shuffles() {
+            for (pid, files) in s.offloadable() {
+                let bytes: u64 = files.iter().map(|(_, end)| end).sum();
+                candidates.push((bytes, s.clone(), pid, files));
+            }
+        }
+        candidates.sort_unstable_by_key(|c| std::cmp::Reverse(c.0));
+        for (_, shuffle, pid, files) in candidates {
+            if need.values().all(|n| *n == 0) {
+                break;
+            }
+            let on: Vec<(usize, u64)> = files.iter().map(|(f, end)| (f.dir.index, *end)).collect();
+            if !on.iter().any(|(d, _)| need.get(d).is_some_and(|n| *n > 0)) {
+                continue;
+            }
+            match self.offload_partition(tier, &shuffle, pid, files).await {
+                Ok(()) => {
+                    for (d, bytes) in on {
+                        if let Some(n) = need.get_mut(&d) {
+                            *n = n.saturating_sub(bytes);
+                        }
+                    }
+                }
+                Err(Offload::Skipped(why)) => {
+                    tracing::debug!(shuffle = %shuffle.key(), partition = pid, reason = %why,
+                        "partition not moved to the object store");
+                }
+                Err(Offload::Failed(why)) => {
+                    self.stats.offload_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(shuffle = %shuffle.key(), partition = pid, reason = %why,
+                        "moving a partition to the object store failed; it stays on its local \
+                         disk, and the next pass tries again");
+                    // A store that fails one upload likely fails the next: wait for the next
+                    // pass rather than read every candidate's files for nothing.
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Copies partition `pid`'s files to the store, verifies them, switches the partition to
+    /// the objects, rewrites the commit record, and only then deletes the local files.
+    async fn offload_partition(
+        &self,
+        tier: &Tier,
+        shuffle: &ShuffleRef,
+        pid: u32,
+        files: Vec<(FileRef, u64)>,
+    ) -> Result<(), Offload> {
+        let token = unique_token();
+        let mut keys: Vec<String> = Vec::with_capacity(files.len());
+        let mut bytes = 0;
+        for (n, (f, end)) in files.iter().enumerate() {
+            let key = tier.object_key(shuffle.key(), pid, n as u32, token);
+            // The last file's cursor counts the page padding after its last chunk, which the
+            // file may not hold: copy what it has up to there (every chunk lies inside).
+            let on_disk = f.file.metadata().map(|m| m.len()).unwrap_or(0);
+            let len = (*end).min(on_disk);
+            if let Err(e) = tier.upload(f.file.clone(), &f.path, len, &key).await {
+                self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
+                for k in &keys {
+                    tier.delete(k).await;
+                }
+                return Err(Offload::Failed(e.to_string()));
+            }
+            keys.push(key);
+            bytes += len;
+        }
+        let local = match shuffle.offloaded(pid, keys.clone()) {
+            Ok(local) => local,
+            Err(r) => {
+                for k in &keys {
+                    tier.delete(k).await;
+                }
+                return Err(Offload::Skipped(r.reason().to_owned()));
+            }
+        };
+        // The application's bytes count in the store from here on, no longer on disk.
+        let key = shuffle.key();
+        self.quotas.moved_to_object_store(key.app_id(), key.shuffle_id(), bytes);
+        // From here on readers are served from the store. The local files go only once the
+        // commit record says where the data is: a crash before that restarts on the old record
+        // and the local files (the objects are then left over in the store).
+        if self.config.durable_commit {
+            let record = shuffle.commit_record(|f: &FileRef| f.dir.path.display().to_string());
+            let (storage, key) = (self.storage.clone(), shuffle.key().clone());
+            let written = tokio::task::spawn_blocking(move || {
+                crate::durable::rewrite(&storage, &key, &record)
+            })
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+            if let Err(e) = written {
+                return Err(Offload::Failed(format!(
+                    "the commit record could not be rewritten ({e}); the local files are kept"
+                )));
+            }
+        }
+        let paths: Vec<_> = local.iter().map(|f| f.path.clone()).collect();
+        drop(local);
+        tokio::task::spawn_blocking(move || {
+            for p in paths {
+                if let Err(e) = std::fs::remove_file(&p) {
+                    tracing::warn!(path = %p.display(), error = %e,
+                        "cannot delete a partition file moved to the object store");
+                }
+            }
+        })
+        .await
+        .unwrap_or(());
+        self.stats.offloaded_partitions.fetch_add(1, Ordering::Relaxed);
+        self.stats.offloaded_bytes.fetch_add(bytes, Ordering::Relaxed);
+        tracing::info!(shuffle = %shuffle.key(), partition = pid, bytes, objects = keys.len(),
+            "partition moved to the object store; its local files are deleted");
+        Ok(())
+    }
+
+    /// Bytes of committed partitions held in the object store now.
+    pub(crate) fn offloaded_bytes(&self) -> u64 {
+        self.apps.shuffles().iter().map(|s| s.offloaded_bytes()).sum()
     }
 
     /// The application whose data open stream `id` reads (`None`: no such stream).
@@ -631,6 +905,39 @@ impl ServerState {
     pub(crate) fn partitions_held(&self) -> u32 {
         self.apps.partitions_held()
     }
+}
+
+/// Why a partition was not moved to the object store.
+enum Offload {
+    /// It no longer needs moving (deleted meanwhile, ...).
+    Skipped(String),
+    /// The store or the local disk failed; the partition stays where it was.
+    Failed(String),
+}
+
+/// For each data directory in service whose file system is in use above `high` (a fraction of
+/// its capacity): the bytes to free to bring it down to `low`. Blocking (statvfs).
+fn dirs_over(storage: &Storage, high: f64, low: f64) -> HashMap<usize, u64> {
+    let mut over = HashMap::new();
+    for d in storage.dirs().iter().filter(|d| !d.is_failed()) {
+        let capacity = d.capacity_bytes();
+        let used = capacity.saturating_sub(d.free_bytes());
+        if capacity > 0 && used as f64 > high * capacity as f64 {
+            let target = (low * capacity as f64) as u64;
+            over.insert(d.index, used.saturating_sub(target).max(1));
+        }
+    }
+    over
+}
+
+/// A number no other copy of a partition made by this or another server uses (object keys).
+fn unique_token() -> u64 {
+    use std::hash::BuildHasher;
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    // RandomState's keys are random per process: the hash mixes them into the token.
+    std::collections::hash_map::RandomState::new().hash_one((n, now.map_or(0, |d| d.as_nanos())))
 }
 
 /// The first stream id of this run: the start time in seconds above 32 bits, so that no id of

@@ -9,6 +9,8 @@ pub struct Stats {
     pub push_requests: AtomicU64,
     pub pushed_bytes: AtomicU64,
     pub busy_replies: AtomicU64,
+    /// Pushes answered `PushSplit`: stored, and some partition of theirs moves on to a new part.
+    pub split_replies: AtomicU64,
     /// Pushes that found no memory and were held unread (`busy_hold_ms`), and for how long in
     /// all, in microseconds.
     pub pushes_held: AtomicU64,
@@ -32,6 +34,16 @@ pub struct Stats {
     pub fetched_bytes: AtomicU64,
     pub errors: AtomicU64,
     pub apps_expired: AtomicU64,
+    /// Partitions moved to the object store, and their bytes (files as uploaded, page padding
+    /// included).
+    pub offloaded_partitions: AtomicU64,
+    pub offloaded_bytes: AtomicU64,
+    /// Partition moves that failed (the partition stays on its local disk).
+    pub offload_failures: AtomicU64,
+    /// Chunk bytes read back from the object store for readers.
+    pub store_read_bytes: AtomicU64,
+    /// Calls to the object store that failed (uploads, reads, deletions).
+    pub store_errors: AtomicU64,
 }
 
 impl Stats {
@@ -42,6 +54,7 @@ impl Stats {
             ("sluice_server_push_requests_total", g(&self.push_requests)),
             ("sluice_server_pushed_bytes_total", g(&self.pushed_bytes)),
             ("sluice_server_busy_replies_total", g(&self.busy_replies)),
+            ("sluice_server_split_replies_total", g(&self.split_replies)),
             ("sluice_server_pushes_held_total", g(&self.pushes_held)),
             ("sluice_server_push_hold_microseconds_total", g(&self.push_hold_us)),
             ("sluice_server_flushed_bytes_total", g(&self.flushed_bytes)),
@@ -57,6 +70,11 @@ impl Stats {
             ("sluice_server_fetched_bytes_total", g(&self.fetched_bytes)),
             ("sluice_server_request_errors_total", g(&self.errors)),
             ("sluice_server_apps_expired_total", g(&self.apps_expired)),
+            ("sluice_server_offloaded_partitions_total", g(&self.offloaded_partitions)),
+            ("sluice_server_offloaded_bytes_total", g(&self.offloaded_bytes)),
+            ("sluice_server_offload_failures_total", g(&self.offload_failures)),
+            ("sluice_server_object_store_read_bytes_total", g(&self.store_read_bytes)),
+            ("sluice_server_object_store_errors_total", g(&self.store_errors)),
         ]
     }
 

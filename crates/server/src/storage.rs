@@ -70,6 +70,11 @@ pub struct DataDir {
     next_pooled: AtomicU64,
     /// Files taken from the pool for new partitions.
     reused: AtomicU64,
+    /// Free bytes as the last [`DataDir::refresh`] saw them (read on the push path, where a
+    /// `statvfs` per push would cost too much).
+    seen_free: AtomicU64,
+    /// Bytes written here since that refresh (taken off `seen_free` by [`Storage::room_seen`]).
+    written: AtomicU64,
 }
 
 impl DataDir {
@@ -121,6 +126,8 @@ impl DataDir {
         if free < self.reserve && self.drain_pool() > 0 {
             free = self.free_bytes();
         }
+        self.seen_free.store(free, Ordering::Relaxed);
+        self.written.store(0, Ordering::Relaxed);
         if free < self.reserve {
             self.mark_full(&format_args!("{free} bytes free"));
         } else if free >= self.reserve.max(MIN_FREE_TO_RESUME)
@@ -161,6 +168,11 @@ impl DataDir {
     /// Total bytes of the directory's file system.
     pub fn capacity_bytes(&self) -> u64 {
         rustix::fs::statvfs(&self.path).map(|s| s.f_blocks.saturating_mul(s.f_frsize)).unwrap_or(0)
+    }
+
+    /// A flush wrote `bytes` here (counted against the free space the last refresh saw).
+    pub fn note_written(&self, bytes: u64) {
+        self.written.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// Offers a deleted shuffle's file (at `path`, open as `file`) to the pool. Returns whether it
@@ -285,6 +297,8 @@ impl Storage {
                     pool: Mutex::new(Pool::default()),
                     next_pooled: AtomicU64::new(0),
                     reused: AtomicU64::new(0),
+                    seen_free: AtomicU64::new(0),
+                    written: AtomicU64::new(0),
                 });
                 match std::fs::remove_dir_all(p.join(RECYCLE_DIR)) {
                     Err(e) if e.kind() != io::ErrorKind::NotFound => {
@@ -319,6 +333,19 @@ impl Storage {
     /// Whether new data can go anywhere (no syscall: cheap enough for every push).
     pub fn has_healthy(&self) -> bool {
         self.dirs.iter().any(|d| d.in_service())
+    }
+
+    /// Free bytes above the reserve over the directories in service, as the last refresh saw
+    /// them (a directory marked full since counts nothing): cheap enough for every push.
+    pub fn room_seen(&self) -> u64 {
+        self.dirs
+            .iter()
+            .filter(|d| d.in_service())
+            .map(|d| {
+                let free = d.seen_free.load(Ordering::Relaxed);
+                free.saturating_sub(d.written.load(Ordering::Relaxed)).saturating_sub(d.reserve)
+            })
+            .sum()
     }
 
     /// Why no data can be taken (for the error a refused push gets): which directories are

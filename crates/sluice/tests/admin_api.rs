@@ -22,6 +22,7 @@ const SERVER_METRICS: &[&str] = &[
     "sluice_server_push_requests_total",
     "sluice_server_pushed_bytes_total",
     "sluice_server_busy_replies_total",
+    "sluice_server_split_replies_total",
     "sluice_server_pushes_held_total",
     "sluice_server_push_hold_microseconds_total",
     "sluice_server_flushed_bytes_total",
@@ -71,6 +72,14 @@ const SERVER_METRICS: &[&str] = &[
     "sluice_server_app_stored_bytes",
     "sluice_server_data_dir_free_bytes",
     "sluice_server_data_dir_capacity_bytes",
+    // Added for the object-store tier (issue 22).
+    "sluice_server_offloaded_partitions_total",
+    "sluice_server_offloaded_bytes_total",
+    "sluice_server_offload_failures_total",
+    "sluice_server_object_store_read_bytes_total",
+    "sluice_server_object_store_errors_total",
+    "sluice_server_object_store_bytes",
+    "sluice_server_app_offloaded_bytes",
 ];
 
 /// One admin endpoint under test, checked against the OpenAPI document.

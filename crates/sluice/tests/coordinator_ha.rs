@@ -7,7 +7,7 @@ mod utils;
 
 use std::net::{SocketAddr, TcpListener};
 
-use sluice_proto::message::{GetAssignment, UnregisterShuffle};
+use sluice_proto::message::{GetAssignment, GetSplits, SplitPartition, UnregisterShuffle};
 use sluice_proto::{ErrorCode, Message};
 use utils::*;
 
@@ -62,6 +62,25 @@ async fn any_coordinator_answers_and_a_killed_one_costs_the_job_nothing() {
         };
         assert_eq!(at_b, *s1);
 
+        // A split made by A: B knows its part before the writer has the answer.
+        let ask = SplitPartition {
+            app_id: "ha-app".into(),
+            shuffle_id: 1,
+            partition_id: 0,
+            known_parts: 1,
+        };
+        let Ok(Message::Splits(made)) = call(&raw(pa).await, ask).await else {
+            panic!("A did not split partition 0")
+        };
+        assert_eq!(made.partitions[0].parts.len(), 2, "{made:?}");
+        let splits_at = |c: SocketAddr| async move {
+            match call(&raw(c).await, GetSplits { app_id: "ha-app".into(), shuffle_id: 1 }).await {
+                Ok(Message::Splits(s)) => s.partitions,
+                other => panic!("GetSplits: {other:?}"),
+            }
+        };
+        assert_eq!(splits_at(pb).await, made.partitions, "B does not know A's split");
+
         // Map 0 before A dies, map 1 after; the shuffle commits and reads back whole.
         for (m, t) in spawn_writers(&client, &s1, 1, 300, 400, |_, s| s % 6).into_iter().enumerate() {
             t.await.unwrap().unwrap_or_else(|e| panic!("map {m}: {e}"));
@@ -101,6 +120,7 @@ async fn any_coordinator_answers_and_a_killed_one_costs_the_job_nothing() {
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         }
         assert!(learned, "the restarted coordinator did not learn shuffle 2 from its peer");
+        assert_eq!(splits_at(pa).await, made.partitions, "nor shuffle 1's split");
 
         // Unregistering through B reaches A.
         let conn = raw(pb).await;

@@ -9,8 +9,6 @@
 
 mod utils;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,35 +16,6 @@ use sluice_client::{ClientError, ShuffleClient};
 use sluice_proto::message::Assignment;
 use sluice_proto::ErrorCode;
 use utils::*;
-
-/// A tmpfs of `mib` MiB at `path`, unmounted on drop.
-struct SmallFs(PathBuf);
-
-impl SmallFs {
-    fn mount(path: &Path, mib: u64) -> Option<SmallFs> {
-        std::fs::create_dir_all(path).unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
-            .arg(path)
-            .output()
-            .expect("run mount");
-        if out.status.success() {
-            return Some(SmallFs(path.to_owned()));
-        }
-        eprintln!(
-            "FULL-DISK TEST NOT RUN: cannot mount a small tmpfs (euid {}): {}",
-            rustix::process::geteuid().as_raw(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        None
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
 
 const RECORD: usize = 64 << 10;
 const PARTITIONS: u32 = 4;
@@ -75,7 +44,9 @@ async fn verify(client: &ShuffleClient, a: &Assignment, mib: usize) {
 async fn a_full_disk_refuses_data_clearly_and_recovers_when_space_is_freed() {
     bounded("a_full_disk_refuses_data_clearly_and_recovers_when_space_is_freed", 90, async {
         let scratch = Scratch::new();
-        let Some(fs) = SmallFs::mount(&scratch.path().join("small"), 40) else { return };
+        let Some(fs) = SmallFs::mount(&scratch.path().join("small"), 40, "FULL-DISK TEST") else {
+            return;
+        };
         let server = scratch.server(&ServerSpec {
             data_dirs: vec![fs.0.join("data")],
             sets: vec![format!("data_dir_reserve_bytes={}", 4 << 20)],

@@ -279,6 +279,42 @@ pub fn cases() -> Vec<Case> {
             &[],
             false,
         ),
+        ok(
+            "split_partition",
+            21,
+            SplitPartition { app_id: app(), shuffle_id: 3, partition_id: 7, known_parts: 1 }.into(),
+            &[],
+            false,
+        ),
+        ok("get_splits", 22, GetSplits { app_id: app(), shuffle_id: 3 }.into(), &[], false),
+        ok(
+            "splits",
+            22,
+            Splits {
+                app_id: app(),
+                shuffle_id: 3,
+                partitions: vec![
+                    SplitParts {
+                        partition_id: 7,
+                        parts: vec![
+                            PartitionLoc { primary: 0, replica: NO_REPLICA },
+                            PartitionLoc { primary: 2, replica: NO_REPLICA },
+                        ],
+                    },
+                    SplitParts {
+                        partition_id: 9,
+                        parts: vec![
+                            PartitionLoc { primary: 1, replica: 0 },
+                            PartitionLoc { primary: 2, replica: 3 },
+                            PartitionLoc { primary: 4, replica: 5 },
+                        ],
+                    },
+                ],
+            }
+            .into(),
+            &[],
+            false,
+        ),
         ok("get_assignment", 11, GetAssignment { app_id: app(), shuffle_id: 3 }.into(), &[], false),
         ok("commit_shuffle", 12, CommitShuffle { app_id: app(), shuffle_id: 3 }.into(), &[], false),
         ok(
@@ -389,6 +425,7 @@ pub fn cases() -> Vec<Case> {
             &merged_b,
             true,
         ),
+        ok("push_split", 15, PushSplit { partitions: vec![2, 5] }.into(), &[], false),
         ok("close_stream", 20, CloseStream { stream_id: 0x0102_0304_0506_0708 }.into(), &[], false),
     ];
 
@@ -439,6 +476,14 @@ pub fn cases() -> Vec<Case> {
             num_maps: 1,
             num_partitions: 0,
             replication: 1,
+        }
+        .into(),
+    );
+    let split_no_parts = fields_of(
+        &Splits {
+            app_id: "a".into(),
+            shuffle_id: 1,
+            partitions: vec![SplitParts { partition_id: 0, parts: vec![] }],
         }
         .into(),
     );
@@ -625,6 +670,15 @@ pub fn cases() -> Vec<Case> {
             "error",
             ErrorCode::MalformedFrame,
             "num_partitions 0",
+        ),
+        bad(
+            "splits_partition_without_parts",
+            raw(f(&split_no_parts), 28, 1, split_no_parts.len() as u32, &split_no_parts),
+            max,
+            false,
+            "error",
+            ErrorCode::MalformedFrame,
+            "a split partition with an empty part list",
         ),
         bad(
             "open_stream_range_backwards",

@@ -28,6 +28,8 @@ pub struct Deleted<F> {
     pub key: ShuffleKey,
     /// Its partitions' current files, which may be recycled.
     pub files: Vec<F>,
+    /// Keys of the objects in the object store that held its offloaded partitions.
+    pub objects: Vec<String>,
 }
 
 /// Every application and its shuffles. One lock for the map: a lookup per request, held for a
@@ -72,6 +74,7 @@ impl<F: Clone> Apps<F> {
         &self,
         r: &RegisterShuffle,
         chunk_bytes: u64,
+        split_bytes: u64,
         now: Instant,
     ) -> Result<(), Refusal> {
         let mut apps = self.apps.lock();
@@ -89,7 +92,8 @@ impl<F: Clone> Apps<F> {
             Some(_) => Ok(()),
             None => {
                 let key = ShuffleKey::new(&r.app_id, r.shuffle_id);
-                let s = Shuffle::new(key, r.num_maps, r.num_partitions, chunk_bytes);
+                let s = Shuffle::new(key, r.num_maps, r.num_partitions, chunk_bytes)
+                    .with_split_bytes(split_bytes);
                 app.shuffles.insert(r.shuffle_id, Arc::new(s));
                 Ok(())
             }
@@ -195,5 +199,6 @@ impl<F: Clone> Apps<F> {
 }
 
 fn delete<F: Clone>(s: &Shuffle<F>) -> Deleted<F> {
-    Deleted { key: s.key().clone(), files: s.delete() }
+    let (files, objects) = s.delete();
+    Deleted { key: s.key().clone(), files, objects }
 }

@@ -238,10 +238,10 @@ impl MapEnds {
             .collect()
     }
 
-    /// The attempts a reader named, each with its batches in `partition`; or the first that
-    /// this server cannot serve and why: an attempt that did not end here (its copy here is
-    /// incomplete, or it never wrote here), or that pushed nothing to the partition (the reader
-    /// was told it has data).
+    /// The attempts a reader named, each with its batches in `partition` (0 when it pushed
+    /// nothing to it here: a split partition's part holds the batches of the maps that wrote
+    /// while it was the last part); or the first that this server cannot serve and why: an
+    /// attempt that did not end here (its copy here is incomplete, or it never wrote here).
     pub(crate) fn named(
         &self,
         attempts: &[MapAttempt],
@@ -251,7 +251,6 @@ impl MapEnds {
             .iter()
             .map(|a| match self.batches(a.map_id, a.attempt_id, partition) {
                 None => Err((a.clone(), "has no MapperEnd on this server")),
-                Some(0) => Err((a.clone(), "pushed nothing to the partition here")),
                 Some(batches) => {
                     Ok(CommittedMap { map_id: a.map_id, attempt_id: a.attempt_id, batches })
                 }
@@ -337,6 +336,7 @@ mod tests {
         let named = m.named(&[MapAttempt { map_id: 1, attempt_id: 5 }], 1).unwrap();
         assert_eq!((named[0].attempt_id, named[0].batches), (5, 7));
         assert!(m.named(&[MapAttempt { map_id: 1, attempt_id: 6 }], 1).is_err());
-        assert!(m.named(&[MapAttempt { map_id: 2, attempt_id: 0 }], 1).is_err(), "nothing there");
+        let nothing = m.named(&[MapAttempt { map_id: 2, attempt_id: 0 }], 1).unwrap();
+        assert_eq!(nothing[0].batches, 0, "ended here, nothing in the partition: read as nothing");
     }
 }

@@ -46,7 +46,7 @@ pub use apps::{Apps, Deleted};
 pub use chunk::padded_len;
 pub use chunk::ByteRange;
 pub use key::ShuffleKey;
-pub use partition::{FileSource, FlushOutcome, FlushPlan};
+pub use partition::{ChunkSource, FileSource, FlushOutcome, FlushPlan};
 pub use record::{decode as decode_record, Decoded};
 pub use refusal::Refusal;
 pub use report::{AppReport, ShuffleReport};

@@ -127,12 +127,38 @@ enum Health {
     Deleted,
 }
 
+/// Where a chunk's bytes are, as the core tells the shell that builds a stream's bodies: a
+/// local file, or (once its partition moved to the object store) an object, by key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkSource<'a, F> {
+    /// A partition file on a local data directory.
+    File(&'a F),
+    /// An object in the object store, named by its key (byte offsets are the same as in the
+    /// local file it was copied from).
+    Object(&'a str),
+}
+
+impl<'a, F> ChunkSource<'a, F> {
+    /// The local file, if the chunk is in one (for checks).
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn file(self) -> Option<&'a F> {
+        match self {
+            ChunkSource::File(f) => Some(f),
+            ChunkSource::Object(_) => None,
+        }
+    }
+}
+
 /// One partition of a shuffle on this server.
 #[derive(Debug)]
 pub struct Partition<F> {
     buffer: Buffer,
-    /// Every file opened for the partition, by number; the last takes the next flush.
+    /// Every file opened for the partition, by number; the last takes the next flush. Empty
+    /// once the partition moved to the object store.
     files: Vec<PartitionFile<F>>,
+    /// Once the committed partition moved to the object store: the key of the object holding
+    /// each of its former files, by file number (chunks keep their file numbers and offsets).
+    objects: Vec<String>,
     /// The chunk index: every written flush, in the order the writes finished.
     chunks: Vec<Chunk>,
     health: Health,
@@ -143,6 +169,7 @@ impl<F> Default for Partition<F> {
         Partition {
             buffer: Buffer::default(),
             files: Vec::new(),
+            objects: Vec::new(),
             chunks: Vec::new(),
             health: Health::Storing,
         }
@@ -166,16 +193,68 @@ impl<F: Clone> Partition<F> {
                         }
                     })
                     .collect();
-                Partition { buffer: Buffer::default(), files, chunks, health: Health::Storing }
+                Partition { files, chunks, ..Partition::default() }
             }
             Err(why) => Partition { health: Health::Lost(why), ..Partition::default() },
         }
+    }
+
+    /// A committed partition read back at start whose data is in the object store: the key of
+    /// each object (by former file number) and the chunk index.
+    pub(super) fn recovered_offloaded(objects: Vec<String>, chunks: Vec<Chunk>) -> Self {
+        Partition { objects, chunks, ..Partition::default() }
+    }
+
+    /// The files of a committed partition that may move to the object store, with where its
+    /// data in each ends (see [`Self::file_ends`]); `None` when there is nothing to move (no
+    /// chunk, lost, deleted, or moved already).
+    pub(super) fn offloadable(&self) -> Option<Vec<(F, u64)>> {
+        if self.health != Health::Storing || self.chunks.is_empty() || self.files.is_empty() {
+            return None;
+        }
+        let mut out = Vec::with_capacity(self.files.len());
+        self.file_ends(&mut out);
+        Some(out)
+    }
+
+    /// The partition's files were copied to the objects `objects` (by file number): from now on
+    /// its chunks are served from them. Returns the local files, which the shell deletes once
+    /// the commit record says where the data is. `Err` (nothing changes) when the partition no
+    /// longer holds those files (deleted or lost meanwhile, or moved already): the shell then
+    /// deletes the objects instead.
+    pub(super) fn offloaded(&mut self, objects: Vec<String>) -> Result<Vec<F>, String> {
+        match &self.health {
+            Health::Storing => {}
+            Health::Lost(why) => return Err(format!("the partition lost data: {why}")),
+            Health::Deleted => return Err("the shuffle was unregistered".into()),
+        }
+        if !self.objects.is_empty() {
+            return Err("the partition is in the object store already".into());
+        }
+        if objects.len() != self.files.len() {
+            let why = format!("{} objects for {} files", objects.len(), self.files.len());
+            return Err(why);
+        }
+        self.objects = objects;
+        Ok(std::mem::take(&mut self.files).into_iter().map(|f| f.handle).collect())
+    }
+
+    /// Bytes of its chunks that are in the object store (0 while they are on local disks).
+    pub fn offloaded_bytes(&self) -> u64 {
+        if self.objects.is_empty() {
+            return 0;
+        }
+        self.chunks.iter().map(Chunk::len).sum()
     }
 
     /// What the commit record says of the partition; `name` names each file (where it lives).
     pub(super) fn record(&self, name: &impl Fn(&F) -> String) -> PartitionRecord {
         match &self.health {
             Health::Lost(why) => PartitionRecord::Lost(why.clone()),
+            _ if !self.objects.is_empty() => PartitionRecord::Offloaded {
+                objects: self.objects.clone(),
+                chunks: self.chunks.clone(),
+            },
             _ => PartitionRecord::Stored {
                 files: self.files.iter().map(|f| name(&f.handle)).collect(),
                 chunks: self.chunks.clone(),
@@ -195,6 +274,12 @@ impl<F: Clone> Partition<F> {
                 Err(Refusal::new(ErrorCode::UnknownShuffle, "the shuffle was unregistered"))
             }
         }
+    }
+
+    /// Bytes held: written or being written (page-padded, as the file cursors stand) and
+    /// buffered. What the split threshold is compared with.
+    pub fn held_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.cursor).sum::<u64>() + self.buffer.bytes
     }
 
     /// Bytes in the buffer, not yet handed to a writer.
@@ -250,6 +335,13 @@ impl<F: Clone> Partition<F> {
     #[cfg(any(test, feature = "fuzzing"))]
     pub fn file(&self, number: u32) -> Option<&F> {
         self.files.get(number as usize).map(|f| &f.handle)
+    }
+
+    /// The key of the object holding former file `number`, once the partition moved to the
+    /// object store (`None`: it did not, or no such file).
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn object(&self, number: u32) -> Option<&str> {
+        self.objects.get(number as usize).map(String::as_str)
     }
 
     /// Where the next flush goes in file `number` (`None`: no such file).
@@ -376,14 +468,15 @@ impl<F: Clone> Partition<F> {
     }
 
     /// Forgets everything (the shuffle is deleted); returns the current file, which the shell
-    /// may recycle.
-    pub(super) fn delete(&mut self) -> Option<F> {
+    /// may recycle, and the keys of the objects holding its data in the object store, which
+    /// the shell deletes.
+    pub(super) fn delete(&mut self) -> (Option<F>, Vec<String>) {
         self.health = Health::Deleted;
         self.buffer = Buffer::default();
         self.chunks = Vec::new();
         let current = self.files.pop().map(|f| f.handle);
         self.files = Vec::new();
-        current
+        (current, std::mem::take(&mut self.objects))
     }
 
     /// Every file with where the partition's data in it ends (page padding included): the
@@ -403,12 +496,13 @@ impl<F: Clone> Partition<F> {
     }
 
     /// Of each chunk holding a map in `[start, end)`, the byte ranges of the attempts `wanted`
-    /// says yes to, handed to `body` with the chunk's file; chunks with none are skipped.
+    /// says yes to, handed to `body` with where the chunk is (its file, or its object once the
+    /// partition moved to the object store); chunks with none are skipped.
     pub(super) fn serve<B>(
         &self,
         (start, end): (u32, u32),
         mut wanted: impl FnMut(u32, u32) -> bool,
-        mut body: impl FnMut(&F, &[ByteRange]) -> B,
+        mut body: impl FnMut(ChunkSource<'_, F>, &[ByteRange]) -> B,
     ) -> Result<Vec<B>, Refusal> {
         let mut out = Vec::new();
         for c in self.chunks.iter().filter(|c| c.has_map_in(start, end)) {
@@ -417,11 +511,18 @@ impl<F: Clone> Partition<F> {
                 continue;
             }
             // Never skipped silently: a chunk whose file is unknown would be data gone missing.
-            let Some(f) = self.files.get(c.file() as usize) else {
-                let why = format!("a chunk points at file {} of {}", c.file(), self.files.len());
+            let n = c.file() as usize;
+            let source = if self.objects.is_empty() {
+                self.files.get(n).map(|f| ChunkSource::File(&f.handle))
+            } else {
+                self.objects.get(n).map(|k| ChunkSource::Object(k.as_str()))
+            };
+            let Some(source) = source else {
+                let have = self.files.len().max(self.objects.len());
+                let why = format!("a chunk points at file {} of {have}", c.file());
                 return Err(Refusal::new(ErrorCode::Internal, why));
             };
-            out.push(body(&f.handle, &ranges));
+            out.push(body(source, &ranges));
         }
         Ok(out)
     }

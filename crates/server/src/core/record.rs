@@ -45,6 +45,16 @@ pub enum PartitionRecord {
     },
     /// It lost data before the commit (why).
     Lost(String),
+    /// Its data moved to the object store after the commit: the key of the object holding each
+    /// of its former files (by file number), and the chunk index (offsets unchanged). Added
+    /// after the first records: older ones never hold it, and an older server reading a newer
+    /// record finds this section unreadable (that partition lost, never wrong bytes).
+    Offloaded {
+        /// One object key per former file number.
+        objects: Vec<String>,
+        /// The chunk index.
+        chunks: Vec<Chunk>,
+    },
 }
 
 /// A commit record read back.

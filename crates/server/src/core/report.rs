@@ -24,8 +24,10 @@ pub struct ShuffleReport {
     pub lost_partitions: u32,
     /// Bytes waiting in memory, not yet handed to a flusher.
     pub buffered_bytes: u64,
-    /// Bytes written to its files (page padding excluded).
+    /// Bytes written to its files (page padding excluded), wherever they are now.
     pub stored_bytes: u64,
+    /// Of `stored_bytes`, those moved to the object store.
+    pub offloaded_bytes: u64,
     /// Chunks in its index.
     pub chunks: u64,
     /// Flushes handed out and not yet written.

@@ -13,7 +13,7 @@ use sluice_proto::ErrorCode;
 use super::chunk::{ByteRange, Chunk, Run};
 use super::key::ShuffleKey;
 use super::maps::{Ended, MapEnds};
-use super::partition::{FileSource, FlushOutcome, FlushPlan, Partition};
+use super::partition::{ChunkSource, FileSource, FlushOutcome, FlushPlan, Partition};
 use super::record::{self, Decoded, PartitionRecord};
 use super::refusal::Refusal;
 use super::report::ShuffleReport;
@@ -59,6 +59,9 @@ pub struct Pushed<F> {
     /// `Ok` when every section was stored; a refusal stops at the section it names (the
     /// sections before it were stored).
     pub result: Result<(), Refusal>,
+    /// Partitions of the push whose data here reached the shuffle's split threshold (each
+    /// once, in the push's order).
+    pub split: Vec<u32>,
 }
 
 /// What starting a commit handed out.
@@ -79,6 +82,8 @@ pub struct Shuffle<F> {
     /// A buffer is flushed once it holds this many bytes; a section that would take a non-empty
     /// buffer past it sends the buffer first, so no chunk exceeds it but a single section.
     chunk_bytes: u64,
+    /// A partition holding this many bytes is split ([`Pushed::split`]); `u64::MAX`: never.
+    split_bytes: u64,
     /// A [`Lifecycle`]: an atomic, because every push section reads it.
     lifecycle: AtomicU8,
     partitions: Box<[Mutex<Partition<F>>]>,
@@ -101,6 +106,7 @@ impl<F: Clone> Shuffle<F> {
             key,
             num_maps,
             chunk_bytes,
+            split_bytes: u64::MAX,
             lifecycle: AtomicU8::new(Lifecycle::Open as u8),
             partitions: (0..num_partitions).map(|_| Mutex::new(Partition::default())).collect(),
             maps: Mutex::new(MapEnds::default()),
@@ -108,6 +114,12 @@ impl<F: Clone> Shuffle<F> {
             lost: None,
             parked: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Splits a partition once it holds `bytes` here ([`Pushed::split`]); 0: never.
+    pub fn with_split_bytes(mut self, bytes: u64) -> Self {
+        self.split_bytes = if bytes == 0 { u64::MAX } else { bytes };
+        self
     }
 
     /// Whether a restart would lose something of it: it is not committed and holds data (pushed
@@ -170,6 +182,9 @@ impl<F: Clone> Shuffle<F> {
                         .collect();
                     opened.map(|files| (files, chunks))
                 }
+                Ok(PartitionRecord::Offloaded { objects, chunks }) => {
+                    return Mutex::new(Partition::recovered_offloaded(objects, chunks));
+                }
                 Ok(PartitionRecord::Lost(why)) => Err(why),
                 Err(why) => Err(why),
             };
@@ -180,6 +195,7 @@ impl<F: Clone> Shuffle<F> {
             key,
             num_maps: d.num_maps,
             chunk_bytes: d.chunk_bytes,
+            split_bytes: u64::MAX,
             lifecycle: AtomicU8::new(lifecycle as u8),
             partitions: partitions.collect(),
             maps: Mutex::new(d.maps),
@@ -289,10 +305,15 @@ impl<F: Clone> Shuffle<F> {
         reservation: Option<Reservation>,
         files: &impl FileSource<F>,
     ) -> Pushed<F> {
-        let (mut flushes, mut stored) = (Vec::new(), 0);
-        let result =
-            self.push_sections(sections, body, reservation, files, &mut flushes, &mut stored);
-        Pushed { flushes, stored, result }
+        let (mut flushes, mut stored, mut split) = (Vec::new(), 0, Vec::new());
+        let result = self.push_sections(
+            sections,
+            body,
+            reservation,
+            files,
+            (&mut flushes, &mut stored, &mut split),
+        );
+        Pushed { flushes, stored, result, split }
     }
 
     fn push_sections(
@@ -301,8 +322,7 @@ impl<F: Clone> Shuffle<F> {
         body: &Bytes,
         reservation: Option<Reservation>,
         files: &impl FileSource<F>,
-        flushes: &mut Vec<FlushPlan<F>>,
-        stored: &mut usize,
+        (flushes, stored, split): (&mut Vec<FlushPlan<F>>, &mut usize, &mut Vec<u32>),
     ) -> Result<(), Refusal> {
         self.check_open()?;
         let nparts = self.num_partitions();
@@ -357,6 +377,9 @@ impl<F: Clone> Shuffle<F> {
             });
             p.append(slices, len, reservation.as_ref());
             *stored += 1;
+            if p.held_bytes() >= self.split_bytes && !split.contains(&pid) {
+                split.push(pid);
+            }
             if p.buffered_bytes() >= self.chunk_bytes {
                 flushes.extend(self.take_locked(pid, &mut p, files)?);
             }
@@ -502,7 +525,7 @@ impl<F: Clone> Shuffle<F> {
     pub fn open_stream<B>(
         &self,
         o: &OpenStream,
-        body: impl FnMut(&F, &[ByteRange]) -> B,
+        body: impl FnMut(ChunkSource<'_, F>, &[ByteRange]) -> B,
     ) -> Result<(Vec<B>, Vec<CommittedMap>), Refusal> {
         let state = self.lifecycle();
         if state != Lifecycle::Readable {
@@ -600,6 +623,7 @@ impl<F: Clone> Shuffle<F> {
             lost_partitions: 0,
             buffered_bytes: 0,
             stored_bytes: 0,
+            offloaded_bytes: 0,
             chunks: 0,
             flushes_in_flight: self.flushes_in_flight(),
         };
@@ -608,16 +632,55 @@ impl<F: Clone> Shuffle<F> {
             r.lost_partitions += u32::from(p.lost().is_some());
             r.buffered_bytes += p.buffered_bytes();
             r.stored_bytes += p.chunks().iter().map(|c| c.len()).sum::<u64>();
+            r.offloaded_bytes += p.offloaded_bytes();
             r.chunks += p.chunks().len() as u64;
         }
         r
     }
 
     /// Deletes the shuffle: it serves nothing from now on and every buffer is freed. Returns
-    /// the partitions' current files, which the shell may recycle.
-    pub fn delete(&self) -> Vec<F> {
+    /// the partitions' current files, which the shell may recycle, and the keys of the objects
+    /// in the object store that held its offloaded partitions, which the shell deletes.
+    pub fn delete(&self) -> (Vec<F>, Vec<String>) {
         self.advance(Lifecycle::Deleted);
-        self.partitions.iter().filter_map(|p| p.lock().delete()).collect()
+        let (mut files, mut objects) = (Vec::new(), Vec::new());
+        for p in self.partitions.iter() {
+            let (file, keys) = p.lock().delete();
+            files.extend(file);
+            objects.extend(keys);
+        }
+        (files, objects)
+    }
+
+    /// The partitions of a readable shuffle that may move to the object store, each with its
+    /// files and where its data in each ends (see `Partition`); none while it is not readable.
+    pub fn offloadable(&self) -> Vec<(u32, Vec<(F, u64)>)> {
+        if self.lifecycle() != Lifecycle::Readable || self.lost.is_some() {
+            return Vec::new();
+        }
+        let each = self.partitions.iter().enumerate();
+        each.filter_map(|(pid, p)| Some((pid as u32, p.lock().offloadable()?))).collect()
+    }
+
+    /// Partition `pid`'s files were copied to `objects` (one key per file number): its chunks
+    /// are served from them from now on. Returns its local files, to delete once the commit
+    /// record says where the data is; `Err` (nothing changed) when the partition no longer
+    /// holds them (the shuffle was deleted meanwhile, ...): delete the objects instead.
+    pub fn offloaded(&self, pid: u32, objects: Vec<String>) -> Result<Vec<F>, Refusal> {
+        let Some(p) = self.partitions.get(pid as usize) else {
+            let why = format!("partition {pid} does not exist");
+            return Err(Refusal::new(ErrorCode::InvalidRequest, why));
+        };
+        // The partition's own health, under its lock, decides: a deletion marks every
+        // partition deleted under their locks, so it either sees the objects or refuses them.
+        p.lock().offloaded(objects).map_err(|why| {
+            Refusal::new(ErrorCode::UnknownShuffle, format!("{} partition {pid}: {why}", self.key))
+        })
+    }
+
+    /// Bytes of its chunks that are in the object store.
+    pub fn offloaded_bytes(&self) -> u64 {
+        self.partitions.iter().map(|p| p.lock().offloaded_bytes()).sum()
     }
 }
 

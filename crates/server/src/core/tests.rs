@@ -56,7 +56,7 @@ fn register(apps: &Apps<u32>, app: &str, num_maps: u32, chunk_bytes: u64, now: I
         num_partitions: num_maps,
         ..Default::default()
     };
-    apps.register_shuffle(&r, chunk_bytes, now).unwrap();
+    apps.register_shuffle(&r, chunk_bytes, 0, now).unwrap();
 }
 
 fn stream(partition_id: u32) -> OpenStream {
@@ -94,7 +94,8 @@ fn a_full_buffer_becomes_a_plan_whose_chunk_is_served_after_the_commit() {
     assert!(s.begin_commit(&files).unwrap().flushes.is_empty());
     let sizes = s.finish_commit().unwrap();
     assert_eq!((sizes.len(), sizes[0].partition, sizes[0].bytes), (1, 1, 220));
-    let (bodies, committed) = s.open_stream(&stream(1), |f, r| (*f, r.to_vec())).unwrap();
+    let (bodies, committed) =
+        s.open_stream(&stream(1), |f, r| (*f.file().unwrap(), r.to_vec())).unwrap();
     assert_eq!(bodies, vec![(0, vec![ByteRange { offset: 0, len: 220 }])]);
     assert_eq!((committed[0].map_id, committed[0].batches), (0, 1));
     // Pushes are refused once committed; a second commit changes nothing.
@@ -188,7 +189,8 @@ fn a_deleted_shuffle_serves_nothing_and_hands_back_its_files() {
     s.mapper_end(0, 0, &[(0, 1)]).unwrap();
     assert!(s.begin_commit(&files).unwrap().flushes.is_empty());
     s.finish_commit().unwrap();
-    let (chunks, _) = s.open_stream(&OpenStream { map_end: 1, ..stream(0) }, |f, _| *f).unwrap();
+    let (chunks, _) =
+        s.open_stream(&OpenStream { map_end: 1, ..stream(0) }, |f, _| *f.file().unwrap()).unwrap();
     let id = streams.open(s.clone(), chunks, t0);
     assert_eq!(streams.fetch(id, 0, t0), Ok(0));
     let deleted = apps.unregister_shuffle("app", 1).unwrap().unwrap();
@@ -228,7 +230,7 @@ fn named_attempts_read_a_later_attempt_and_skip_the_winner() {
     assert!(s.begin_commit(&files).unwrap().flushes.is_empty());
     s.finish_commit().unwrap();
     let o = OpenStream { attempts: vec![MapAttempt { map_id: 0, attempt_id: 1 }], ..stream(0) };
-    let (bodies, committed) = s.open_stream(&o, |f, r| (*f, r.to_vec())).unwrap();
+    let (bodies, committed) = s.open_stream(&o, |f, r| (*f.file().unwrap(), r.to_vec())).unwrap();
     assert_eq!((committed.len(), committed[0].attempt_id), (1, 1));
     assert_eq!(
         bodies,
@@ -270,7 +272,7 @@ fn a_deleted_or_lost_partition_never_opens_a_file_again() {
     let s = shuffle(10);
     let body = batch_body(0, 0, 100);
     let mut plan = s.push(&[section(0, &body)], &body, None, &files).flushes.pop().unwrap();
-    assert_eq!(s.delete(), vec![0], "unregistered while the plan's write is failing");
+    assert_eq!(s.delete(), (vec![0], vec![]), "unregistered while the plan's write is failing");
     files.move_on = true; // the write failed: the flusher moves the plan
     assert!(s.retarget(&mut plan, &files).is_err(), "no file for a deleted shuffle");
     assert_eq!(files.next.get(), 1, "nothing opened");
@@ -390,4 +392,83 @@ fn an_empty_open_shuffle_parks_and_comes_back_open_one_with_data_does_not_park()
     assert!(back.unsealed_with_data());
     assert!(!back.park());
     assert!(back.push(&[section(1, &body)], &body, None, &files).result.is_ok(), "not left parked");
+}
+
+#[test]
+fn an_offloaded_partition_serves_objects_survives_its_record_and_deletes_them() {
+    let files = Numbers::default();
+    let s = shuffle(100);
+    for pid in 0..2 {
+        let body = batch_body(0, 0, 200);
+        let pushed = s.push(&[section(pid, &body)], &body, None, &files);
+        for plan in pushed.flushes {
+            s.flushed(plan, FlushOutcome::Written);
+        }
+    }
+    s.mapper_end(0, 0, &[(0, 1), (1, 1)]).unwrap();
+    s.mapper_end(1, 0, &[]).unwrap();
+    assert!(s.offloadable().is_empty(), "nothing moves before the commit");
+    assert!(s.begin_commit(&files).unwrap().flushes.is_empty());
+    s.finish_commit().unwrap();
+    let candidates = s.offloadable();
+    assert_eq!(candidates.iter().map(|c| c.0).collect::<Vec<_>>(), vec![0, 1]);
+    assert_eq!(candidates[0].1, vec![(0, 4096)], "the file and its padded end");
+
+    // The wrong number of objects changes nothing; the right one hands the files back.
+    assert!(s.offloaded(0, vec![]).is_err());
+    assert_eq!(s.offloaded(0, vec!["k0".into()]), Ok(vec![0]));
+    assert!(s.offloaded(0, vec!["k1".into()]).is_err(), "moved already");
+    assert_eq!(s.offloadable().len(), 1, "only partition 1 is left to move");
+    assert_eq!(s.offloaded_bytes(), 220);
+    let (bodies, _) = s
+        .open_stream(&stream(0), |src, r| match src {
+            ChunkSource::Object(k) => (k.to_owned(), r.to_vec()),
+            ChunkSource::File(f) => panic!("served from file {f} after the move"),
+        })
+        .unwrap();
+    assert_eq!(bodies, vec![("k0".to_owned(), vec![ByteRange { offset: 0, len: 220 }])]);
+
+    // The record says where it is; a restart reads it back from there.
+    let record = s.commit_record(|f| format!("/dir/{f}"));
+    let back = Shuffle::recovered(decode_record(&record).unwrap(), |_, n, _, _| Ok(100 + n));
+    let (bodies, _) = back.open_stream(&stream(0), |src, _| format!("{src:?}")).unwrap();
+    assert_eq!(bodies, vec!["Object(\"k0\")".to_owned()]);
+    let (bodies, _) = back.open_stream(&stream(1), |src, _| format!("{src:?}")).unwrap();
+    assert_eq!(bodies, vec!["File(100)".to_owned()], "partition 1 is still local");
+
+    // Deleting hands the objects back to be deleted; a move after the deletion is refused.
+    let (_, objects) = s.delete();
+    assert_eq!(objects, vec!["k0".to_owned()]);
+    assert!(s.offloaded(1, vec!["k2".into()]).is_err(), "deleted meanwhile");
+}
+
+#[test]
+fn a_partition_reaching_the_split_threshold_is_named_in_each_push_from_then_on() {
+    let files = Numbers::default();
+    let budget = MemoryBudget::new(1 << 20, 0.9, 0.95, 0.5);
+    // Chunks of 100 bytes (each push is flushed at once): the threshold counts flushed bytes
+    // (page-padded, as the file cursor stands) and buffered ones alike.
+    let s = shuffle(100).with_split_bytes(4096);
+    let body = batch_body(0, 0, 200);
+    let push = |p: u32| s.push(&[section(p, &body)], &body, budget.try_reserve(220), &files);
+    let first = push(1);
+    assert!(first.split.is_empty(), "220 bytes held: under the threshold");
+    let second = push(1);
+    assert_eq!(second.split, vec![1], "a page written and 220 bytes held: past it");
+    let other = push(0);
+    assert!(other.split.is_empty(), "partition 0 holds 220 bytes");
+    let third = push(1);
+    assert_eq!(third.split, vec![1], "still past it: every push says so");
+    for p in [first, second, other, third] {
+        for plan in p.flushes {
+            s.flushed(plan, FlushOutcome::Written);
+        }
+    }
+    // 0: never on size.
+    let never = shuffle(100).with_split_bytes(0);
+    let pushed = never.push(&[section(1, &body)], &body, budget.try_reserve(220), &files);
+    assert!(pushed.split.is_empty());
+    for plan in pushed.flushes {
+        never.flushed(plan, FlushOutcome::Written);
+    }
 }

@@ -477,3 +477,33 @@ pub async fn stream_handle(
         other => panic!("OpenStream [{start},{end}) of partition {p}: {other:?}"),
     }
 }
+
+/// A tmpfs of `mib` MiB at `path`, unmounted on drop.
+pub struct SmallFs(pub PathBuf);
+
+impl SmallFs {
+    /// `what` names the test in the line printed when it cannot run.
+    pub fn mount(path: &Path, mib: u64, what: &str) -> Option<SmallFs> {
+        std::fs::create_dir_all(path).unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(path)
+            .output()
+            .expect("run mount");
+        if out.status.success() {
+            return Some(SmallFs(path.to_owned()));
+        }
+        eprintln!(
+            "{what} NOT RUN: cannot mount a small tmpfs (euid {}): {}",
+            rustix::process::geteuid().as_raw(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        None
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}

@@ -353,6 +353,7 @@ fn is_response(t: MsgType) -> bool {
             | MsgType::Assignment
             | MsgType::CommitResult
             | MsgType::PushAck
+            | MsgType::PushSplit
             | MsgType::Busy
             | MsgType::MapperEndResult
             | MsgType::StreamHandle
