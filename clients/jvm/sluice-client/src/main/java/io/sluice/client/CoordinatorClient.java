@@ -6,16 +6,22 @@ import io.sluice.protocol.CommitResult;
 import io.sluice.protocol.CommitShuffle;
 import io.sluice.protocol.ErrorCode;
 import io.sluice.protocol.GetAssignment;
+import io.sluice.protocol.GetSplits;
 import io.sluice.protocol.Message;
 import io.sluice.protocol.Ok;
 import io.sluice.protocol.RegisterApp;
 import io.sluice.protocol.RegisterShuffle;
+import io.sluice.protocol.SplitPartition;
+import io.sluice.protocol.Splits;
 import io.sluice.protocol.UnregisterApp;
 import io.sluice.protocol.UnregisterShuffle;
 import java.util.ArrayList;
 import java.util.Collection;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionException;
+import java.util.concurrent.ConcurrentHashMap;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -27,6 +33,10 @@ import org.slf4j.LoggerFactory;
  * connection fails or the answer is retriable; a non-retriable error answer is thrown as it is.
  * Server calls retry retriable errors up to {@code maxRetries} times with a doubling wait.
  *
+ * <p>Asks for splits ({@link #splitPartition}) are shared: the writers of a process that ask for a
+ * new part of the same partition at the same part count at once make one request, and all get its
+ * answer. So a process shares one instance among its writers.
+ *
  * <p>Thread-safe. Does not own the factory.
  */
 public final class CoordinatorClient {
@@ -36,6 +46,13 @@ public final class CoordinatorClient {
   private final SluiceConf conf;
   private final List<String> coordinators;
   private volatile int current;
+
+  /** One partition of one shuffle asked to split at a part count. */
+  private record SplitAsk(String appId, int shuffleId, int partition, int knownParts) {}
+
+  /** Asks under way, each with the answer its askers wait for; removed once answered. */
+  private final Map<SplitAsk, CompletableFuture<List<ShuffleSplits.Part>>> splitting =
+      new ConcurrentHashMap<>();
 
   /** With the coordinators of {@code sluice.coordinators}. */
   public CoordinatorClient(TransportClientFactory factory) {
@@ -116,6 +133,69 @@ public final class CoordinatorClient {
   }
 
   /**
+   * The parts of the shuffle's split partitions ({@code GetSplits}): writers ask when they start,
+   * readers once after the commit (parts never change after it), the driver before it sums sizes.
+   *
+   * @throws SluiceException {@code INTERNAL} when the answer points outside the assignment
+   */
+  public ShuffleSplits getSplits(String appId, ShuffleAssignment a) {
+    return ShuffleSplits.fromMessage(toSplits(callCoordinator(new GetSplits(appId, a.shuffleId()))),
+        a);
+  }
+
+  /**
+   * Asks for a new part of {@code partition} ({@code SplitPartition}), after a server answered a
+   * push of it with {@code PushSplit}. The coordinator adds one only when the partition has
+   * exactly {@code knownParts} parts and a server of the shuffle can take it.
+   *
+   * @return the partition's parts, in order: one more than {@code knownParts} when the split was
+   *     made, more when others split it meanwhile, unchanged when no server could take a part
+   */
+  public List<ShuffleSplits.Part> splitPartition(String appId, ShuffleAssignment a, int partition,
+      int knownParts) {
+    SplitAsk key = new SplitAsk(appId, a.shuffleId(), partition, knownParts);
+    CompletableFuture<List<ShuffleSplits.Part>> mine = new CompletableFuture<>();
+    CompletableFuture<List<ShuffleSplits.Part>> asked = splitting.putIfAbsent(key, mine);
+    if (asked != null) {
+      try {
+        return asked.join(); // another writer of this process asks the same: its answer
+      } catch (CompletionException e) {
+        throw SluiceException.of(e);
+      }
+    }
+    try {
+      List<ShuffleSplits.Part> parts = askSplit(appId, a, partition, knownParts);
+      mine.complete(parts);
+      return parts;
+    } catch (RuntimeException e) {
+      mine.completeExceptionally(e);
+      throw e;
+    } finally {
+      splitting.remove(key, mine);
+    }
+  }
+
+  private List<ShuffleSplits.Part> askSplit(String appId, ShuffleAssignment a, int partition,
+      int knownParts) {
+    Splits s = toSplits(callCoordinator(
+        new SplitPartition(appId, a.shuffleId(), partition, knownParts)));
+    for (Splits.SplitParts sp : s.partitions()) {
+      if (sp.partitionId() == partition && s.shuffleId() == a.shuffleId()) {
+        return ShuffleSplits.parts(sp, a);
+      }
+    }
+    throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION, "the answer to splitting partition "
+        + partition + " of shuffle " + a.shuffleId() + " does not list it: " + s);
+  }
+
+  private static Splits toSplits(Message m) {
+    if (m instanceof Splits s) {
+      return s;
+    }
+    throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION, "expected Splits, got " + m);
+  }
+
+  /**
    * Registers the application and the shuffle on every server of the assignment (in parallel),
    * so the servers accept its pushes.
    */
@@ -138,14 +218,13 @@ public final class CoordinatorClient {
 
   /**
    * Commits the shuffle on every server of the assignment and returns the bytes stored per
-   * partition (batch headers included). With replication a partition is reported by two servers;
-   * the larger report counts, and a server that fails (see {@link
-   * SluiceException#isServerFailure()}) is tolerated as long as every partition has a server that
-   * committed: writers went on with the other copy, readers read it. Otherwise the failure is
-   * thrown.
+   * partition (batch headers included): the sum over its parts ({@link #getSplits}, asked once
+   * the servers committed) of each part's size, the larger of its two reports with replication
+   * (the first part's only, with a warning, when no coordinator can say). A server that fails (see {@link SluiceException#isServerFailure()}) is tolerated, with
+   * replication, as long as every part of every partition has a server that committed: writers
+   * went on with the other copy, readers read it. Otherwise the failure is thrown.
    */
   public long[] commitShuffle(String appId, ShuffleAssignment a) {
-    long[] sizes = new long[a.numPartitions()];
     boolean replicated = false;
     for (int p = 0; p < a.numPartitions(); p++) {
       replicated |= a.replicaIndex(p) >= 0;
@@ -153,8 +232,12 @@ public final class CoordinatorClient {
     List<Answer> answers = answersOfAllServers(a.servers(),
         new CommitShuffle(appId, a.shuffleId()));
     SluiceException[] failed = new SluiceException[answers.size()];
+    // Per server, the bytes it reported per partition.
+    List<long[]> reported = new ArrayList<>();
     for (int s = 0; s < answers.size(); s++) {
       Answer answer = answers.get(s);
+      long[] sizes = new long[a.numPartitions()];
+      reported.add(sizes);
       if (answer.failure() != null) {
         if (!(replicated && answer.failure().isServerFailure())) {
           throw answer.failure();
@@ -174,26 +257,47 @@ public final class CoordinatorClient {
           throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION,
               "CommitResult names partition " + Integer.toUnsignedString(p));
         }
-        sizes[p] = Math.max(sizes[p], ps.bytes());
+        sizes[p] = ps.bytes();
       }
     }
+    ShuffleSplits splits;
+    try {
+      splits = getSplits(appId, a);
+    } catch (SluiceException e) {
+      // The commit itself is the servers'; what the coordinator adds is where split partitions
+      // went on. Without it the sizes count each partition's first part only.
+      LOG.warn("Shuffle {} committed, but its splits are unknown ({}): sizes count each "
+          + "partition's first part only", a.shuffleId(), e.getMessage());
+      splits = ShuffleSplits.NONE;
+    }
+    long[] total = new long[a.numPartitions()];
     for (int p = 0; p < a.numPartitions(); p++) {
-      StringBuilder failures = new StringBuilder();
-      SluiceException last = null;
-      for (int s : a.serverIndexes(p)) {
-        if (failed[s] == null) {
-          last = null;
-          break;
+      for (ShuffleSplits.Part part : splits.parts(a, p)) {
+        checkCommitted(a, p, part.serverIndexes(), failed);
+        long size = 0;
+        for (int s : part.serverIndexes()) {
+          size = Math.max(size, reported.get(s)[p]);
         }
-        last = failed[s];
-        failures.append(failures.length() > 0 ? "; " : "")
-            .append(a.servers().get(s).hostPort()).append(": ").append(last.getMessage());
-      }
-      if (last != null) {
-        throw SluiceException.copiesLost(p, failures.toString(), last);
+        total[p] += size;
       }
     }
-    return sizes;
+    return total;
+  }
+
+  /** Throws when every server of a part of partition {@code p} failed to commit. */
+  private static void checkCommitted(ShuffleAssignment a, int p, int[] servers,
+      SluiceException[] failed) {
+    StringBuilder failures = new StringBuilder();
+    SluiceException last = null;
+    for (int s : servers) {
+      if (failed[s] == null) {
+        return;
+      }
+      last = failed[s];
+      failures.append(failures.length() > 0 ? "; " : "")
+          .append(a.servers().get(s).hostPort()).append(": ").append(last.getMessage());
+    }
+    throw SluiceException.copiesLost(p, failures.toString(), last);
   }
 
   /**

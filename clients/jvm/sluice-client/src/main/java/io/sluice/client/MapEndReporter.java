@@ -9,8 +9,9 @@ import java.util.List;
 import java.util.concurrent.CompletableFuture;
 
 /**
- * Ends a map attempt on its servers: {@code MapperEnd} with the per-partition batch counts goes to
- * every server of the assignment the writer has not given up on, each with only its partitions.
+ * Ends a map attempt on its servers: {@code MapperEnd} goes to every server of the assignment the
+ * writer has not given up on, each with the batches pushed to it per partition ({@link
+ * PartitionRoutes#countsPerServer()}: a split partition's parts get their own counts).
  * With replication, a {@code MapperEnd} that fails for the server's sake is one more server given
  * up on ({@link ReplicaTracker}); any other failure is thrown.
  *
@@ -33,42 +34,22 @@ final class MapEndReporter {
   }
 
   /**
-   * Per server of {@code assignment}, the batch counts of its partitions that have batches
-   * ({@code batchCounts} by partition), in partition order.
-   */
-  static List<List<MapperEnd.BatchCount>> countsPerServer(ShuffleAssignment assignment,
-      int[] batchCounts) {
-    List<List<MapperEnd.BatchCount>> counts = new ArrayList<>();
-    for (int s = 0; s < assignment.servers().size(); s++) {
-      counts.add(new ArrayList<>());
-    }
-    for (int p = 0; p < batchCounts.length; p++) {
-      if (batchCounts[p] > 0) {
-        for (int s : assignment.serverIndexes(p)) {
-          counts.get(s).add(new MapperEnd.BatchCount(p, batchCounts[p]));
-        }
-      }
-    }
-    return counts;
-  }
-
-  /**
    * Sends {@code MapperEnd} to every live server at once, then waits for each answer (retrying a
    * retriable failure). Call only once every push is done: a live server then holds every batch
    * of its partitions (each push to it was acknowledged, or the writer would have given up on it),
    * and no push to a server given up on here is left waiting for a retry.
    *
-   * @param batchCounts batches written per partition
+   * @param routes where the attempt's batches went
    * @throws SluiceException a failure the writer does not give a server up for, or {@code
    *     PROTOCOL_VIOLATION} for an answer other than {@code MapperEndResult}
    */
-  void report(int[] batchCounts) {
+  void report(PartitionRoutes routes) {
     List<ShuffleAssignment.Server> servers = assignment.servers();
     boolean[] live = new boolean[servers.size()];
     for (int s = 0; s < live.length; s++) {
       live[s] = !replicas.isGivenUp(s);
     }
-    List<List<MapperEnd.BatchCount>> counts = countsPerServer(assignment, batchCounts);
+    List<List<MapperEnd.BatchCount>> counts = routes.countsPerServer();
     List<CompletableFuture<Message>> answers = new ArrayList<>();
     for (int s = 0; s < servers.size(); s++) {
       if (!live[s]) {

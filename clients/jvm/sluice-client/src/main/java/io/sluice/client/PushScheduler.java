@@ -5,6 +5,7 @@ import io.sluice.protocol.ErrorCode;
 import io.sluice.protocol.Frame;
 import io.sluice.protocol.Message;
 import io.sluice.protocol.PushAck;
+import io.sluice.protocol.PushSplit;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
@@ -21,7 +22,9 @@ import java.util.function.BooleanSupplier;
  * with a retriable error (or a lost connection) is resent up to {@code maxRetries} times. Retries
  * are sent from the writer's own thread, never from an event loop. A push to a server that failed
  * for good is given up on with the server when the {@link ReplicaTracker} tolerates it; any other
- * failure becomes the attempt's failure, thrown by the writer thread's next call.
+ * failure becomes the attempt's failure, thrown by the writer thread's next call. A push answered
+ * {@code PushSplit} was stored as if acknowledged; the partitions it lists are handed to the
+ * {@link PartitionRoutes}, whose writer thread moves them on.
  *
  * <p>Owns a lock and, guarded by it, the bytes in flight, the {@link RetryQueue}, the attempt's
  * first failure and whether the writer was closed; answers change them on event loops, the writer
@@ -37,6 +40,7 @@ final class PushScheduler {
   private final List<ShuffleAssignment.Server> servers;
   private final MapAttempt attempt;
   private final ReplicaTracker replicas;
+  private final PartitionRoutes routes;
   /** Per server: the factory's gate that holds pushes back while it answers Busy. */
   private final BusyGate[] gates;
 
@@ -52,8 +56,9 @@ final class PushScheduler {
   private long blockedNanos;
 
   PushScheduler(TransportClientFactory factory, SluiceConf conf, ShuffleAssignment assignment,
-      MapAttempt attempt, ReplicaTracker replicas) {
+      MapAttempt attempt, ReplicaTracker replicas, PartitionRoutes routes) {
     this.factory = factory;
+    this.routes = routes;
     this.conf = conf;
     this.servers = assignment.servers();
     this.attempt = attempt;
@@ -260,7 +265,7 @@ final class PushScheduler {
     if (m instanceof Busy b) {
       busyWaitMs = Math.min(Integer.toUnsignedLong(b.backoffMs()), conf.busyBackoffMaxMs());
       gate.refused(TimeUnit.MILLISECONDS.toNanos(busyWaitMs), System.nanoTime());
-    } else if (m instanceof PushAck) {
+    } else if (m instanceof PushAck || m instanceof PushSplit) {
       gate.acknowledged();
     } else if (m != null || err != null) {
       gate.failed();
@@ -280,6 +285,10 @@ final class PushScheduler {
         }
       } else if (m instanceof PushAck) {
         doneLocked(push);
+      } else if (m instanceof PushSplit split) {
+        // Stored, as PushAck says; its partitions' next batches go to their next part.
+        routes.splitRequested(push.server, split.partitions());
+        doneLocked(push);
       } else if (m instanceof Busy) {
         if (push.busyRetries < conf.busyMaxRetries()) {
           push.busyRetries++;
@@ -289,7 +298,7 @@ final class PushScheduler {
         }
       } else {
         failLocked(push, new SluiceException(ErrorCode.PROTOCOL_VIOLATION,
-            "expected PushAck or Busy, got " + m));
+            "expected PushAck, PushSplit or Busy, got " + m));
       }
       changed.signalAll();
     } finally {

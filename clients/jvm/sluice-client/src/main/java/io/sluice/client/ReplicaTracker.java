@@ -1,7 +1,6 @@
 package io.sluice.client;
 
 import java.util.Arrays;
-import java.util.function.IntPredicate;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -22,8 +21,8 @@ final class ReplicaTracker {
 
   private final ShuffleAssignment assignment;
   private final MapAttempt attempt;
-  /** Whether the writer has written a partition; asked on the writer thread only. */
-  private final IntPredicate written;
+  /** Where the writer sends and sent each partition; asked on the writer thread only. */
+  private final PartitionRoutes routes;
   /** Whether some partition has a replica: only then does the writer give up on a server. */
   private final boolean replicated;
   // Guarded by this: per server, why the writer gave up on it (null while live); how many it gave
@@ -34,14 +33,11 @@ final class ReplicaTracker {
   private volatile int givenUpCount;
   private int givenUpChecked;
 
-  /**
-   * @param written whether the writer has written a partition (by index); asked only from {@link
-   *     #lostCopyFailure()}, on the writer thread
-   */
-  ReplicaTracker(ShuffleAssignment assignment, MapAttempt attempt, IntPredicate written) {
+  /** @param routes asked from the writer thread only */
+  ReplicaTracker(ShuffleAssignment assignment, MapAttempt attempt, PartitionRoutes routes) {
     this.assignment = assignment;
     this.attempt = attempt;
-    this.written = written;
+    this.routes = routes;
     this.givenUp = new SluiceException[assignment.servers().size()];
     boolean anyReplica = false;
     for (int p = 0; p < assignment.numPartitions(); p++) {
@@ -88,11 +84,15 @@ final class ReplicaTracker {
   }
 
   /**
-   * The servers of {@code partition} the writer has not given up on (primary first); empty when
-   * none is left.
+   * The servers of {@code partition}'s current part the writer has not given up on (primary
+   * first); empty when none is left. Writer thread.
    */
   int[] liveServers(int partition) {
-    int[] all = assignment.serverIndexes(partition);
+    return live(routes.currentServers(partition));
+  }
+
+  /** Those of {@code all} (a fresh array, which this may reuse) not given up on. */
+  private int[] live(int[] all) {
     if (givenUpCount == 0) {
       return all;
     }
@@ -107,11 +107,15 @@ final class ReplicaTracker {
     }
   }
 
-  /** The failure for {@code partition}, whose servers were all given up on. */
-  synchronized SluiceException copiesLost(int partition) {
+  /** The failure for {@code partition}, whose current part's servers were all given up on. */
+  SluiceException copiesLost(int partition) {
+    return copiesLost(partition, routes.currentServers(partition));
+  }
+
+  private synchronized SluiceException copiesLost(int partition, int[] servers) {
     StringBuilder failures = new StringBuilder();
     SluiceException last = null;
-    for (int s : assignment.serverIndexes(partition)) {
+    for (int s : servers) {
       if (givenUp[s] != null) {
         last = givenUp[s];
         failures.append(failures.length() > 0 ? "; " : "")
@@ -122,17 +126,19 @@ final class ReplicaTracker {
   }
 
   /**
-   * The failure for the first written partition that has no live server left, or null. Checks
-   * only when the writer gave up on a server since the last call. Writer thread.
+   * The failure for the first written partition with a part that has no live server left, or
+   * null. Checks only when the writer gave up on a server since the last call. Writer thread.
    */
   synchronized SluiceException lostCopyFailure() {
     if (givenUpChecked == givenUpCount) {
       return null;
     }
     givenUpChecked = givenUpCount;
-    for (int p = 0; p < assignment.numPartitions(); p++) {
-      if (written.test(p) && liveServers(p).length == 0) {
-        return copiesLost(p);
+    for (int p = 0; p < routes.numPartitions(); p++) {
+      for (int[] copy : routes.writtenCopies(p)) {
+        if (live(copy.clone()).length == 0) {
+          return copiesLost(p, copy);
+        }
       }
     }
     return null;

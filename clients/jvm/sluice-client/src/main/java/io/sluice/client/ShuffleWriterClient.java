@@ -5,6 +5,9 @@ import io.netty.buffer.PooledByteBufAllocator;
 import io.netty.buffer.Unpooled;
 import io.sluice.protocol.Batch;
 import io.sluice.protocol.ErrorCode;
+import java.util.List;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * Pushes one map attempt's output. Each {@link #addBatch} call is one batch (the caller has made
@@ -34,54 +37,122 @@ import io.sluice.protocol.ErrorCode;
  * DATA_LOST}; readers fail over). The attempt fails only when a partition it wrote has lost both
  * servers. A refusal (say {@code SHUFFLE_COMMITTED}) still fails the attempt.
  *
- * <p>{@link #finish()} waits for every acknowledgement, sends {@code MapperEnd} with the per-partition
- * batch counts to every server of the assignment it has not given up on (a {@code MapperEnd} that
- * fails is one more server given up on) and returns the bytes pushed per partition.
+ * <p>Partition splits: given a coordinator, the writer asks it at the start for the shuffle's split
+ * partitions ({@code GetSplits}) and sends each one's batches to its last part. A push answered
+ * {@code PushSplit} was stored; for each partition it lists, the writer asks the coordinator once
+ * for a new part ({@code SplitPartition} with the parts it knows, from its own thread, before its
+ * next batch or in {@link #finish()}) and sends that partition's later batches to the new part's
+ * primary (and replica). Batches laid out or in flight for the old part still go there. When the coordinator cannot be
+ * asked, the writer goes on with the parts it knows: a split threshold is soft.
+ *
+ * <p>{@link #finish()} waits for every acknowledgement, sends {@code MapperEnd} with the batches
+ * pushed to each server per partition to every server of the assignment it has not given up on (a
+ * {@code MapperEnd} that fails is one more server given up on) and returns the bytes pushed per
+ * partition.
  * {@link #close()} releases everything (and abandons the attempt when not finished).
  *
  * <p>The writer wires its parts together: a {@link PushFrameBuilder} per server lays out the next
  * push, the {@link PushScheduler} sends pushes and owns the in-flight bound ({@link
  * InFlightBytes}), the retries ({@link RetryQueue}) and the attempt's failure, the {@link
- * ReplicaTracker} owns which servers were given up on and the {@link MapEndReporter} sends {@code
- * MapperEnd}. The writer itself owns the per-partition batch counts and bytes.
+ * ReplicaTracker} owns which servers were given up on, the {@link PartitionRoutes} where each
+ * partition's batches go and went (and the batch counts), and the {@link MapEndReporter} sends
+ * {@code MapperEnd}. The writer itself owns the bytes per partition.
  *
  * <p>One writer per map task; not thread-safe.
  */
 public final class ShuffleWriterClient implements AutoCloseable {
+  private static final Logger LOG = LoggerFactory.getLogger(ShuffleWriterClient.class);
   /** Most sections in one push (see {@link PushFrameBuilder}). */
   static final int MAX_SECTIONS = PushFrameBuilder.MAX_SECTIONS;
 
   private final SluiceConf conf;
   private final MapAttempt attempt;
+  private final ShuffleAssignment assignment;
+  /** Where splits are asked for; null: none (the writer keeps to the assignment). */
+  private final CoordinatorClient coordinator;
   private final int maxBatchPayload;
 
-  // Writer thread only: batches numbered and bytes added per partition, and whether finished.
-  private final int[] batchCounts;
+  // Writer thread only: bytes added per partition, and whether finished.
   private final long[] bytesPushed;
   private boolean finished;
 
   /** Per server: the push being filled. */
   private final PushFrameBuilder[] frames;
+  private final PartitionRoutes routes;
   private final ReplicaTracker replicas;
   private final PushScheduler scheduler;
   private final MapEndReporter mapEnds;
 
+  /** A writer that knows no splits: every partition's batches go to its assignment's servers. */
   public ShuffleWriterClient(TransportClientFactory factory, SluiceConf conf, String appId,
       int shuffleId, int mapId, int attemptId, ShuffleAssignment assignment) {
+    this(factory, conf, appId, shuffleId, mapId, attemptId, assignment, null);
+  }
+
+  /**
+   * A writer that follows partition splits through {@code coordinator}; asks it for the
+   * shuffle's splits now.
+   *
+   * @param coordinator null: no splits (as the constructor without it)
+   */
+  public ShuffleWriterClient(TransportClientFactory factory, SluiceConf conf, String appId,
+      int shuffleId, int mapId, int attemptId, ShuffleAssignment assignment,
+      CoordinatorClient coordinator) {
     this.conf = conf;
     this.attempt = new MapAttempt(appId, shuffleId, mapId, attemptId);
+    this.assignment = assignment;
+    this.coordinator = coordinator;
     this.maxBatchPayload = PushFrameBuilder.maxBatchPayload(appId, conf.maxFrameBytes());
-    int[] counts = new int[assignment.numPartitions()];
-    this.batchCounts = counts;
     this.bytesPushed = new long[assignment.numPartitions()];
     this.frames = new PushFrameBuilder[assignment.servers().size()];
     for (int i = 0; i < frames.length; i++) {
       frames[i] = new PushFrameBuilder(PooledByteBufAllocator.DEFAULT, appId, shuffleId,
           conf.pushBatchBytes());
     }
-    this.replicas = new ReplicaTracker(assignment, attempt, p -> counts[p] > 0);
-    this.scheduler = new PushScheduler(factory, conf, assignment, attempt, replicas);
+    this.routes = new PartitionRoutes(assignment, knownSplits());
+    this.replicas = new ReplicaTracker(assignment, attempt, routes);
+    this.scheduler = new PushScheduler(factory, conf, assignment, attempt, replicas, routes);
     this.mapEnds = new MapEndReporter(factory, assignment, attempt, replicas);
+  }
+
+  /**
+   * The shuffle's splits as the coordinator lists them now; none without a coordinator or when
+   * it cannot say (the writer then starts on part 0: a server past its threshold still takes
+   * data, and answers with PushSplit again).
+   */
+  private ShuffleSplits knownSplits() {
+    if (coordinator == null) {
+      return ShuffleSplits.NONE;
+    }
+    try {
+      return coordinator.getSplits(attempt.appId(), assignment);
+    } catch (SluiceException e) {
+      LOG.warn("{}: could not learn the shuffle's splits ({}); starting on the assignment's "
+          + "servers", attempt, e.getMessage());
+      return ShuffleSplits.NONE;
+    }
+  }
+
+  /**
+   * Asks the coordinator for a new part of each partition a server answered PushSplit for (once
+   * per partition and part count), and moves them on. A failure keeps the parts known.
+   */
+  private void askSplits() {
+    for (PartitionRoutes.Ask ask : routes.takeAsks()) {
+      if (coordinator == null) {
+        continue;
+      }
+      try {
+        List<ShuffleSplits.Part> parts = coordinator.splitPartition(attempt.appId(), assignment,
+            ask.partition(), ask.knownParts());
+        routes.moveOn(ask.partition(), parts);
+        LOG.debug("{}: partition {} split; its next batches go to part {} of {}", attempt,
+            ask.partition(), routes.parts(ask.partition()).size() - 1, parts.size());
+      } catch (SluiceException e) {
+        LOG.warn("{}: could not split partition {} ({}); it stays on its part {}", attempt,
+            ask.partition(), e.getMessage(), ask.knownParts() - 1);
+      }
+    }
   }
 
   /** The largest batch payload {@link #addBatch(int, ByteBuf)} takes: one frame's worth. */
@@ -111,14 +182,17 @@ public final class ShuffleWriterClient implements AutoCloseable {
   public void addBatch(int partition, ByteBuf payload) {
     checkOpen();
     scheduler.throwIfFailed();
-    if (partition < 0 || partition >= batchCounts.length) {
+    if (partition < 0 || partition >= bytesPushed.length) {
       throw new SluiceException(ErrorCode.INVALID_REQUEST, "partition " + partition
-          + " outside 0.." + (batchCounts.length - 1));
+          + " outside 0.." + (bytesPushed.length - 1));
     }
     int len = payload.readableBytes();
     if (len > maxBatchPayload) {
       throw new SluiceException(ErrorCode.INVALID_REQUEST, "batch of " + len
           + " bytes does not fit a frame of " + conf.maxFrameBytes() + " bytes");
+    }
+    if (routes.hasRequests()) {
+      askSplits();
     }
     int[] servers = replicas.liveServers(partition);
     if (servers.length == 0) {
@@ -126,8 +200,7 @@ public final class ShuffleWriterClient implements AutoCloseable {
     }
     int size = Batch.HEADER_BYTES + len;
     Batch.Header header = Batch.header(attempt.mapId(), attempt.attemptId(),
-        batchCounts[partition], payload);
-    batchCounts[partition]++;
+        routes.countBatch(partition), payload);
     bytesPushed[partition] += size;
     for (int s : servers) {
       PushFrameBuilder frame = frames[s];
@@ -173,7 +246,13 @@ public final class ShuffleWriterClient implements AutoCloseable {
       flush(s);
     }
     scheduler.drain();
-    mapEnds.report(batchCounts);
+    if (routes.hasRequests()) {
+      // Pushes answered PushSplit after the last batch was laid out: split now all the same, so
+      // that writers starting from here on (GetSplits) leave the full server alone. Without
+      // this, a map whose whole output fits a few pushes would never split anything.
+      askSplits();
+    }
+    mapEnds.report(routes);
     scheduler.throwIfFailed();
     finished = true;
     return bytesPushed.clone();

@@ -23,7 +23,17 @@ public record Assignment(int shuffleId, List<ServerAddr> servers, List<Partition
   public record ServerAddr(String serverId, String host, int port) {}
 
   /** A partition's primary and replica server, as indexes into the servers list. */
-  public record PartitionLoc(int primary, int replica) {}
+  public record PartitionLoc(int primary, int replica) {
+    /** Writes its two {@code u16}s (also the layout of a part in {@link Splits}). */
+    static void write(ByteBuf out, PartitionLoc p) {
+      Wire.writeU16(out, p.primary(), "primary");
+      Wire.writeU16(out, p.replica(), "replica");
+    }
+
+    static PartitionLoc read(ByteBuf in) {
+      return new PartitionLoc(Wire.readU16(in, "primary"), Wire.readU16(in, "replica"));
+    }
+  }
 
   @Override
   public Type type() {
@@ -38,18 +48,14 @@ public record Assignment(int shuffleId, List<ServerAddr> servers, List<Partition
       Wire.writeStr(o, s.host());
       Wire.writeU16(o, s.port(), "port");
     });
-    Wire.writeList(out, partitions, (o, p) -> {
-      Wire.writeU16(o, p.primary(), "primary");
-      Wire.writeU16(o, p.replica(), "replica");
-    });
+    Wire.writeList(out, partitions, PartitionLoc::write);
   }
 
   public static Assignment decode(ByteBuf in) {
     int shuffleId = Wire.readU32(in, "shuffle_id");
     List<ServerAddr> servers = Wire.readList(in, 6, "servers", b -> new ServerAddr(
         Wire.readStr(b, "server_id"), Wire.readStr(b, "host"), Wire.readU16(b, "port")));
-    List<PartitionLoc> parts = Wire.readList(in, 4, "partitions",
-        b -> new PartitionLoc(Wire.readU16(b, "primary"), Wire.readU16(b, "replica")));
+    List<PartitionLoc> parts = Wire.readList(in, 4, "partitions", PartitionLoc::read);
     for (PartitionLoc p : parts) {
       if (p.primary() >= servers.size()
           || (p.replica() != NO_REPLICA && p.replica() >= servers.size())) {

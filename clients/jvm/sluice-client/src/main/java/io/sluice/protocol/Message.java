@@ -66,6 +66,9 @@ public interface Message {
     SERVER_STATUS(21, "ServerStatus", false, ServerStatus::decode),
     DRAIN_ORDER(22, "DrainOrder", false, DrainOrder::decode),
     SHUFFLE_SYNC(25, "ShuffleSync", false, ShuffleSync::decode),
+    SPLIT_PARTITION(26, "SplitPartition", false, SplitPartition::decode),
+    GET_SPLITS(27, "GetSplits", false, GetSplits::decode),
+    SPLITS(28, "Splits", false, Splits::decode),
     PUSH(30, "Push", true, Push::decode),
     PUSH_MERGED(31, "PushMerged", true, PushMerged::decode),
     PUSH_ACK(32, "PushAck", false, f -> PushAck.INSTANCE),
@@ -76,7 +79,8 @@ public interface Message {
     STREAM_HANDLE(37, "StreamHandle", false, StreamHandle::decode),
     FETCH_CHUNK(38, "FetchChunk", false, FetchChunk::decode),
     CHUNK_DATA(39, "ChunkData", true, ChunkData::decode),
-    CLOSE_STREAM(40, "CloseStream", false, CloseStream::decode);
+    CLOSE_STREAM(40, "CloseStream", false, CloseStream::decode),
+    PUSH_SPLIT(41, "PushSplit", false, PushSplit::decode);
 
     private static final Type[] BY_ID = new Type[256];
 

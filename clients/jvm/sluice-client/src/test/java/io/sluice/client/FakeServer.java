@@ -25,6 +25,7 @@ import io.sluice.protocol.FrameDecoder;
 import io.sluice.protocol.FrameEncoder;
 import io.sluice.protocol.FrameHeader;
 import io.sluice.protocol.GetAssignment;
+import io.sluice.protocol.GetSplits;
 import io.sluice.protocol.Handshake;
 import io.sluice.protocol.HandshakeOk;
 import io.sluice.protocol.MapperEnd;
@@ -37,7 +38,10 @@ import io.sluice.protocol.Pong;
 import io.sluice.protocol.ProtocolException;
 import io.sluice.protocol.PushAck;
 import io.sluice.protocol.PushMerged;
+import io.sluice.protocol.PushSplit;
 import io.sluice.protocol.RegisterShuffle;
+import io.sluice.protocol.SplitPartition;
+import io.sluice.protocol.Splits;
 import io.sluice.protocol.StreamHandle;
 import java.util.ArrayList;
 import java.util.List;
@@ -85,6 +89,17 @@ final class FakeServer implements AutoCloseable {
   volatile boolean dropOneBatchPerStream;
   volatile Function<Frame, Message> custom;
   volatile List<Assignment.ServerAddr> assignServers = List.of();
+
+  // Partition splits. As a server: when positive, a push is answered PushSplit for each of its
+  // partitions holding more than this many bytes here. As a coordinator: the servers the next
+  // parts go to, in turn (each partition's k-th new part takes the k-th), and the asks seen.
+  volatile long splitThresholdBytes;
+  final AtomicInteger splitReplies = new AtomicInteger();
+  volatile List<Assignment.PartitionLoc> splitTargets = List.of();
+  final List<SplitPartition> splitAsks = new CopyOnWriteArrayList<>();
+  /** shuffle → partition → parts (only partitions split at least once). */
+  final Map<Integer, Map<Integer, List<Assignment.PartitionLoc>>> splits =
+      new ConcurrentHashMap<>();
 
   // Push accounting, to check the client's in-flight bound.
   final AtomicLong unackedBytes = new AtomicLong();
@@ -236,6 +251,30 @@ final class FakeServer implements AutoCloseable {
       Assignment a = assignments.get(g.shuffleId());
       return new Object[] {a != null ? a
           : ErrorMessage.of(ErrorCode.UNKNOWN_SHUFFLE, "no shuffle " + g.shuffleId()), null};
+    } else if (m instanceof GetSplits g) {
+      List<Splits.SplitParts> out = new ArrayList<>();
+      splits.getOrDefault(g.shuffleId(), Map.of()).forEach((p, parts) -> {
+        if (parts.size() > 1) {
+          out.add(new Splits.SplitParts(p, parts));
+        }
+      });
+      return new Object[] {new Splits(g.appId(), g.shuffleId(), out), null};
+    } else if (m instanceof SplitPartition sp) {
+      splitAsks.add(sp);
+      Assignment a = assignments.get(sp.shuffleId());
+      List<Assignment.PartitionLoc> parts = splits
+          .computeIfAbsent(sp.shuffleId(), k -> new ConcurrentHashMap<>())
+          .compute(sp.partitionId(), (p, known) -> {
+            List<Assignment.PartitionLoc> l = known != null ? new ArrayList<>(known)
+                : new ArrayList<>(List.of(a.partitions().get(p)));
+            List<Assignment.PartitionLoc> targets = splitTargets;
+            if (l.size() == sp.knownParts() && l.size() - 1 < targets.size()) {
+              l.add(targets.get(l.size() - 1));
+            }
+            return l;
+          });
+      return new Object[] {new Splits(sp.appId(), sp.shuffleId(),
+          List.of(new Splits.SplitParts(sp.partitionId(), parts))), null};
     } else if (m instanceof PushMerged pm) {
       if (busyForMs > 0 && busyUntilNanos == 0) {
         busyUntilNanos = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(busyForMs);
@@ -250,11 +289,22 @@ final class FakeServer implements AutoCloseable {
       }
       f.validateBatches();
       pushes.add(pm);
+      List<Integer> full = new ArrayList<>();
       for (PushMerged.Section s : pm.entries()) {
         byte[] b = new byte[s.length()];
         f.body().getBytes(f.body().readerIndex() + s.offset(), b);
-        data.computeIfAbsent(pm.shuffleId(), k -> new ConcurrentHashMap<>())
-            .computeIfAbsent(s.partitionId(), k -> new CopyOnWriteArrayList<>()).add(b);
+        List<byte[]> stored = data.computeIfAbsent(pm.shuffleId(), k -> new ConcurrentHashMap<>())
+            .computeIfAbsent(s.partitionId(), k -> new CopyOnWriteArrayList<>());
+        stored.add(b);
+        long limit = splitThresholdBytes;
+        if (limit > 0 && stored.stream().mapToLong(x -> x.length).sum() > limit
+            && !full.contains(s.partitionId())) {
+          full.add(s.partitionId());
+        }
+      }
+      if (!full.isEmpty()) {
+        splitReplies.incrementAndGet();
+        return new Object[] {new PushSplit(full), null};
       }
       return new Object[] {PushAck.INSTANCE, null};
     } else if (m instanceof MapperEnd e) {

@@ -14,7 +14,14 @@ class MapEndReporterTest {
     // Partition 0 on a (replica b), 1 on b, 2 on a, 3 on c (replica a).
     ShuffleAssignment a = new ShuffleAssignment(1, servers, new int[] {0, 1, 0, 2},
         new int[] {1, -1, -1, 0});
-    List<List<BatchCount>> counts = MapEndReporter.countsPerServer(a, new int[] {3, 0, 5, 7});
+    PartitionRoutes routes = new PartitionRoutes(a, ShuffleSplits.NONE);
+    int[] batches = {3, 0, 5, 7};
+    for (int p = 0; p < batches.length; p++) {
+      for (int i = 0; i < batches[p]; i++) {
+        routes.countBatch(p);
+      }
+    }
+    List<List<BatchCount>> counts = routes.countsPerServer();
     assertEquals(List.of(
         List.of(new BatchCount(0, 3), new BatchCount(2, 5), new BatchCount(3, 7)),
         List.of(new BatchCount(0, 3)),

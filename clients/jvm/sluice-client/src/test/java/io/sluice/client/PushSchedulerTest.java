@@ -40,8 +40,10 @@ class PushSchedulerTest {
     assignment = new ShuffleAssignment(1, List.of(
         new ShuffleAssignment.Server("s1", "127.0.0.1", s1.port),
         new ShuffleAssignment.Server("s2", "127.0.0.1", s2.port)), new int[] {0}, new int[] {1});
-    replicas = new ReplicaTracker(assignment, ATTEMPT, p -> true);
-    scheduler = new PushScheduler(factory, conf, assignment, ATTEMPT, replicas);
+    PartitionRoutes routes = new PartitionRoutes(assignment, ShuffleSplits.NONE);
+    routes.countBatch(0);
+    replicas = new ReplicaTracker(assignment, ATTEMPT, routes);
+    scheduler = new PushScheduler(factory, conf, assignment, ATTEMPT, replicas, routes);
   }
 
   @AfterEach

@@ -24,13 +24,22 @@ class ReplicaTrackerTest {
     return new ShuffleAssignment(4, SERVERS, new int[] {0, 1, 2}, new int[] {1, 2, 0});
   }
 
+  /** A tracker of {@code a} for a writer that has written the partitions {@code written}. */
+  private static ReplicaTracker tracker(ShuffleAssignment a, int... written) {
+    PartitionRoutes routes = new PartitionRoutes(a, ShuffleSplits.NONE);
+    for (int p : written) {
+      routes.countBatch(p);
+    }
+    return new ReplicaTracker(a, ATTEMPT, routes);
+  }
+
   private static SluiceException lost(String what) {
     return SluiceException.connectionFailure(what, null);
   }
 
   @Test
   void onlyAServersOwnFailureIsSurvivedAndOnlyWithReplicas() {
-    ReplicaTracker r = new ReplicaTracker(replicated(), ATTEMPT, p -> true);
+    ReplicaTracker r = tracker(replicated(), 0, 1, 2);
     assertTrue(r.givesUpOn(lost("connection lost")));
     assertTrue(r.givesUpOn(new SluiceException(ErrorCode.TIMEOUT, "no answer")));
     assertTrue(r.givesUpOn(new SluiceException(ErrorCode.UNKNOWN_SHUFFLE, "restarted")));
@@ -40,13 +49,13 @@ class ReplicaTrackerTest {
 
     ShuffleAssignment single = new ShuffleAssignment(4, SERVERS, new int[] {0, 1, 2},
         new int[] {-1, -1, -1});
-    assertFalse(new ReplicaTracker(single, ATTEMPT, p -> true).givesUpOn(lost("lost")),
+    assertFalse(tracker(single, 0, 1, 2).givesUpOn(lost("lost")),
         "without a replica there is no other copy to go on with");
   }
 
   @Test
   void aServerGivenUpOnLeavesItsPartitionsWithTheOtherCopy() {
-    ReplicaTracker r = new ReplicaTracker(replicated(), ATTEMPT, p -> true);
+    ReplicaTracker r = tracker(replicated(), 0, 1, 2);
     assertArrayEquals(new int[] {0, 1}, r.liveServers(0));
     assertFalse(r.isGivenUp(0));
     assertTrue(r.giveUp(0, lost("a down")));
@@ -62,8 +71,7 @@ class ReplicaTrackerTest {
 
   @Test
   void theAttemptFailsOnlyWhenAWrittenPartitionLostBothServers() {
-    boolean[] written = {false, true, false};
-    ReplicaTracker r = new ReplicaTracker(replicated(), ATTEMPT, p -> written[p]);
+    ReplicaTracker r = tracker(replicated(), 1);
     assertNull(r.lostCopyFailure());
     r.giveUp(0, lost("a down"));
     assertNull(r.lostCopyFailure(), "every partition keeps a copy");
@@ -82,12 +90,12 @@ class ReplicaTrackerTest {
 
   @Test
   void aLateWriteToAPartitionWithoutCopiesIsFoundAtTheNextGiveUp() {
-    boolean[] written = {false, false, false};
-    ReplicaTracker r = new ReplicaTracker(replicated(), ATTEMPT, p -> written[p]);
+    PartitionRoutes routes = new PartitionRoutes(replicated(), ShuffleSplits.NONE);
+    ReplicaTracker r = new ReplicaTracker(replicated(), ATTEMPT, routes);
     r.giveUp(0, lost("a down"));
     r.giveUp(1, lost("b down"));
     assertNull(r.lostCopyFailure());
-    written[0] = true; // (the writer refuses such a batch: liveServers(0) is empty)
+    routes.countBatch(0); // (the writer refuses such a batch: liveServers(0) is empty)
     assertNull(r.lostCopyFailure(), "no give-up since the last check");
     r.giveUp(2, lost("c down"));
     assertTrue(r.lostCopyFailure().getMessage().contains("partition 0 has no live copy left"));

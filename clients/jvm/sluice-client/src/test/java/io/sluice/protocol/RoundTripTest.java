@@ -177,6 +177,12 @@ class RoundTripTest {
               assignment(r))),
           list(r, () -> str(r)), list(r, () -> new UnregisterShuffle(str(r), r.nextInt())));
       case GET_ASSIGNMENT -> new GetAssignment(str(r), r.nextInt());
+      case SPLIT_PARTITION -> new SplitPartition(str(r), r.nextInt(), r.nextInt(),
+          1 + r.nextInt(0xFFFF));
+      case GET_SPLITS -> new GetSplits(str(r), r.nextInt());
+      case SPLITS -> new Splits(str(r), r.nextInt(), list(r, () -> new Splits.SplitParts(
+          r.nextInt(), List.of(new Assignment.PartitionLoc(u16(r), u16(r)),
+              new Assignment.PartitionLoc(u16(r), Assignment.NO_REPLICA)))));
       case COMMIT_SHUFFLE -> new CommitShuffle(str(r), r.nextInt());
       case COMMIT_RESULT -> new CommitResult(r.nextInt(),
           list(r, () -> new CommitResult.PartitionSize(r.nextInt(), r.nextLong())));
@@ -206,6 +212,7 @@ class RoundTripTest {
       case FETCH_CHUNK -> new FetchChunk(r.nextLong(), r.nextInt());
       case CHUNK_DATA -> new ChunkData(r.nextLong(), r.nextInt());
       case CLOSE_STREAM -> new CloseStream(r.nextLong());
+      case PUSH_SPLIT -> new PushSplit(list(r, r::nextInt));
     };
   }
 }

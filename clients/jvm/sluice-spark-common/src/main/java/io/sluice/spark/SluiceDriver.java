@@ -158,7 +158,10 @@ final class SluiceDriver implements AutoCloseable {
     return g;
   }
 
-  /** {@link ShuffleGenerationTable.Backend}: commits on the servers. */
+  /**
+   * {@link ShuffleGenerationTable.Backend}: commits on the servers. The sizes are summed over the
+   * parts of split partitions (see {@link CoordinatorClient#commitShuffle}).
+   */
   private void commitOnServers(ShuffleGeneration g) {
     long start = System.nanoTime();
     long[] sizes = coordinator.commitShuffle(appId, g.assignment());

@@ -1,5 +1,6 @@
 package io.sluice.spark;
 
+import io.sluice.client.CoordinatorClient;
 import io.sluice.client.TransportClientFactory;
 import io.sluice.protocol.Ping;
 import java.util.concurrent.TimeUnit;
@@ -40,6 +41,8 @@ public abstract class SluiceShuffleManagerBase implements ShuffleManager {
 
   private TransportClientFactory factory;
   private String factoryAppId;
+  /** Over {@code factory}: tasks' coordinator calls (splits), shared so their asks are too. */
+  private CoordinatorClient coordinator;
   private SluiceDriver driver;
 
   /** Called from the per-version manager's constructor, which Spark calls with (conf, isDriver). */
@@ -103,10 +106,17 @@ public abstract class SluiceShuffleManagerBase implements ShuffleManager {
       }
       factory = new TransportClientFactory(conf.client(), appId);
       factoryAppId = appId;
+      coordinator = new CoordinatorClient(factory);
       LOG.info("Sluice client for application {}: {} transport", appId,
           factory.usesEpoll() ? "native epoll" : "NIO");
     }
     return factory;
+  }
+
+  /** The coordinator client over {@link #factory(String)}'s factory. */
+  private synchronized CoordinatorClient coordinator(String appId) {
+    factory(appId);
+    return coordinator;
   }
 
   private synchronized SluiceDriver driver() {
@@ -152,8 +162,8 @@ public abstract class SluiceShuffleManagerBase implements ShuffleManager {
   public <K, V> ShuffleWriter<K, V> getWriter(ShuffleHandle handle, long mapId,
       TaskContext context, ShuffleWriteMetricsReporter metrics) {
     SluiceShuffleHandle<K, V, Object> h = sluice(handle);
-    return new SluiceShuffleWriter<>(h, context, metrics, conf, factory(h.appId()), shims,
-        generations);
+    return new SluiceShuffleWriter<>(h, context, metrics, conf, factory(h.appId()),
+        coordinator(h.appId()), shims, generations);
   }
 
   @Override
@@ -164,12 +174,16 @@ public abstract class SluiceShuffleManagerBase implements ShuffleManager {
     // Spark passes Int.MaxValue as "to the last map".
     int end = Math.min(endMapIndex, h.numMaps());
     return new SluiceShuffleReader<>(h, startMapIndex, end, startPartition, endPartition,
-        context, metrics, conf, factory(h.appId()), shims, generations);
+        context, metrics, conf, factory(h.appId()), coordinator(h.appId()), shims, generations);
   }
 
-  /** Driver: deletes the shuffle's data on the servers. Executors hold no per-shuffle state. */
+  /**
+   * Driver: deletes the shuffle's data on the servers. Both: forget the split partitions kept for
+   * its readers, the only per-shuffle state of an executor.
+   */
   @Override
   public boolean unregisterShuffle(int shuffleId) {
+    generations.forget(shuffleId);
     SluiceDriver d;
     synchronized (this) {
       d = driver;
@@ -187,6 +201,7 @@ public abstract class SluiceShuffleManagerBase implements ShuffleManager {
     if (factory != null) {
       factory.close();
       factory = null;
+      coordinator = null;
     }
   }
 }

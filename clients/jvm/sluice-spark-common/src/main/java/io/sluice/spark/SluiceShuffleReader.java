@@ -2,7 +2,9 @@ package io.sluice.spark;
 
 import io.netty.buffer.ByteBuf;
 import io.netty.buffer.ByteBufInputStream;
+import io.sluice.client.CoordinatorClient;
 import io.sluice.client.ShuffleReaderClient;
+import io.sluice.client.ShuffleSplits;
 import io.sluice.client.SluiceException;
 import io.sluice.client.TransportClientFactory;
 import io.sluice.protocol.ErrorCode;
@@ -41,7 +43,8 @@ import scala.collection.Seq;
  * A reduce task's reader: partitions {@code [startPartition, endPartition)} of the maps {@code
  * [startMapIndex, endMapIndex)} (map indexes, as AQE's skew split and local read ask for). It reads
  * the committed generation's batches of the map attempts Spark's map statuses name through the
- * client (which keeps only those attempts' batches, drops duplicates and verifies checksums),
+ * client (which keeps only those attempts' batches, drops duplicates and verifies checksums, and
+ * reads a split partition's parts one after the other, each over the same maps),
  * decodes them with the dependency's serializer, and then combines and sorts with Spark's own
  * Aggregator and ExternalSorter, as Spark's reader does.
  *
@@ -62,13 +65,14 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
   private final ShuffleReadMetricsReporter metrics;
   private final SluiceSparkConf conf;
   private final TransportClientFactory factory;
+  private final CoordinatorClient coordinator;
   private final SparkShims shims;
   private final ShuffleGenerations generations;
 
   SluiceShuffleReader(SluiceShuffleHandle<K, ?, C> handle, int startMapIndex, int endMapIndex,
       int startPartition, int endPartition, TaskContext context,
       ShuffleReadMetricsReporter metrics, SluiceSparkConf conf, TransportClientFactory factory,
-      SparkShims shims, ShuffleGenerations generations) {
+      CoordinatorClient coordinator, SparkShims shims, ShuffleGenerations generations) {
     this.handle = handle;
     this.dep = handle.dependency();
     this.startMapIndex = startMapIndex;
@@ -79,6 +83,7 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
     this.metrics = metrics;
     this.conf = conf;
     this.factory = factory;
+    this.coordinator = coordinator;
     this.shims = shims;
     this.generations = generations;
   }
@@ -107,7 +112,11 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
       // it would read are being re-run. Fail so Spark re-plans it.
       throw fetchFailed(handle.generation(), "replaced by " + generation, null);
     }
-    RecordIterator records = new RecordIterator(generation, outputs);
+    // Parts of split partitions: asked of a coordinator once per executor and generation. Failing
+    // to learn them says nothing about the data, so it fails the task (Spark retries it), not the
+    // generation.
+    ShuffleSplits splits = generations.splits(generation, handle.appId(), coordinator);
+    RecordIterator records = new RecordIterator(generation, splits, outputs);
     context.addTaskCompletionListener((TaskCompletionListener) ctx -> records.close());
 
     Iterator<Product2<K, C>> result;
@@ -235,6 +244,7 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
   /** Records of every batch of every partition of the range, decoded lazily, batch by batch. */
   private final class RecordIterator extends AbstractIterator<Product2<Object, Object>> {
     private final ShuffleGeneration generation;
+    private final ShuffleSplits splits;
     /** The map attempts to read (see {@link #sparkOutputs}). */
     private final SparkOutputs outputs;
     private final SerializerInstance serializer = dep.serializer().newInstance();
@@ -248,8 +258,9 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
     private Iterator<Tuple2<Object, Object>> batch;
     private boolean done;
 
-    RecordIterator(ShuffleGeneration generation, SparkOutputs outputs) {
+    RecordIterator(ShuffleGeneration generation, ShuffleSplits splits, SparkOutputs outputs) {
       this.generation = generation;
+      this.splits = splits;
       this.outputs = outputs;
     }
 
@@ -325,7 +336,7 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
           continue; // no map wrote to this partition, say Spark's map statuses
         }
         client = new ShuffleReaderClient(factory, conf.client(), handle.appId(),
-            generation.wireShuffleId(), generation.assignment(), partition, startMapIndex,
+            generation.wireShuffleId(), generation.assignment(), splits, partition, startMapIndex,
             endMapIndex, named);
       }
     }

@@ -1,5 +1,6 @@
 package io.sluice.spark;
 
+import io.sluice.client.CoordinatorClient;
 import io.sluice.client.ShuffleWriterClient;
 import io.sluice.client.SluiceException;
 import io.sluice.client.TransportClientFactory;
@@ -51,6 +52,7 @@ final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
   private final ShuffleWriteMetricsReporter metrics;
   private final SluiceSparkConf conf;
   private final TransportClientFactory factory;
+  private final CoordinatorClient coordinator;
   private final SparkShims shims;
   private final ShuffleGenerations generations;
   private final SerializerManager serializerManager;
@@ -65,13 +67,14 @@ final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
 
   SluiceShuffleWriter(SluiceShuffleHandle<K, V, C> handle, TaskContext context,
       ShuffleWriteMetricsReporter metrics, SluiceSparkConf conf, TransportClientFactory factory,
-      SparkShims shims, ShuffleGenerations generations) {
+      CoordinatorClient coordinator, SparkShims shims, ShuffleGenerations generations) {
     this.handle = handle;
     this.dep = handle.dependency();
     this.context = context;
     this.metrics = metrics;
     this.conf = conf;
     this.factory = factory;
+    this.coordinator = coordinator;
     this.shims = shims;
     this.generations = generations;
     this.serializerManager = SparkEnv.get().serializerManager();
@@ -96,8 +99,11 @@ final class SluiceShuffleWriter<K, V, C> extends ShuffleWriter<K, V> {
   @Override
   public void write(Iterator<Product2<K, V>> records) throws IOException {
     generation = generations.forWriter(handle);
+    // The coordinator tells the writer the shuffle's split partitions and gives a partition its
+    // next part when a server answers a push of it with PushSplit.
     client = new ShuffleWriterClient(factory, conf.client(), handle.appId(),
-        generation.wireShuffleId(), mapIndex(), attemptId(), generation.assignment());
+        generation.wireShuffleId(), mapIndex(), attemptId(), generation.assignment(),
+        coordinator);
     buffers = RecordBuffers.create(dep.serializer(), numPartitions);
     memory = new WriterMemory(context.taskMemoryManager(), new WriterMemory.Buffers() {
       @Override

@@ -1,0 +1,432 @@
+package io.sluice.client;
+
+import io.netty.buffer.ByteBuf;
+import io.sluice.protocol.Batch;
+import io.sluice.protocol.ChunkData;
+import io.sluice.protocol.CloseStream;
+import io.sluice.protocol.ErrorCode;
+import io.sluice.protocol.FetchChunk;
+import io.sluice.protocol.Frame;
+import io.sluice.protocol.Message;
+import io.sluice.protocol.OpenStream;
+import io.sluice.protocol.ProtocolException;
+import io.sluice.protocol.StreamHandle;
+import java.util.ArrayDeque;
+import java.util.BitSet;
+import java.util.HashMap;
+import java.util.Iterator;
+import java.util.List;
+import java.util.Map;
+import java.util.NoSuchElementException;
+import java.util.concurrent.CompletableFuture;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Reads one part of a partition of a committed shuffle (the whole partition when it was not
+ * split), for the maps {@code [mapStart, mapEnd)}, as an iterator of batch payloads: one stream,
+ * on the part's primary or replica. {@link ShuffleReaderClient} reads a partition's parts one
+ * after the other with one of these each.
+ *
+ * <p>Opens a stream on the part's server and fetches its chunks, keeping up to
+ * {@code fetchPrefetchChunks} requests ahead. Each chunk is split into batches and every CRC32C is
+ * verified before any of its batches is handed out; a corrupted chunk counts as a failure of the
+ * server (below), so it is read again without handing out any batch twice. Only
+ * batches of a map in range whose attempt is the committed one are kept, and a repeated
+ * {@code batch_id} is dropped. When the stream ends, every committed map must have shown exactly the
+ * number of distinct batches the stream handle promised; otherwise {@code DATA_LOST} is thrown.
+ * (Batch ids go on across parts, so a part's ids need not start at 0: that the parts together
+ * hold ids 0, 1, 2 … is the {@link ShuffleReaderClient}'s check.)
+ *
+ * <p>When the server fails (a lost connection or a retriable error) the reader re-opens the stream
+ * on the replica (or the same server) and starts over, keeping the batches already handed out in
+ * its duplicate filter, up to {@code maxRetries} times. A server whose copy is incomplete ({@code
+ * DATA_LOST}: for instance a map's writer gave up on it part-way, so it has no MapperEnd of that
+ * map) is not read again, nor is one that lost its copy ({@code UNKNOWN_APP} or {@code
+ * UNKNOWN_SHUFFLE}: it restarted): the reader goes on with the part's other copy, and throws
+ * when there is none. A copy whose winning attempt of a map differs from the one earlier parts
+ * served ({@code agreed}) is such an incomplete copy too.
+ *
+ * <p>Ownership: a buffer returned by {@link #next()} is a slice of a fetched chunk, valid until the
+ * next call to {@link #hasNext()}, {@link #next()} or {@link #close()}; retain it to keep it longer.
+ * {@link #close()} closes the stream and releases every buffer. Not thread-safe.
+ */
+final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
+  private static final Logger LOG = LoggerFactory.getLogger(ShuffleReaderClient.class);
+
+  private final TransportClientFactory factory;
+  private final SluiceConf conf;
+  private final String appId;
+  private final int shuffleId;
+  private final ShuffleAssignment assignment;
+  private final int partition;
+  private final String part;
+  private final int mapStart;
+  private final int mapEnd;
+  /** The map attempts to read, or empty for each map's winning attempt. */
+  private final List<OpenStream.MapAttempt> attempts;
+  private final int[] servers;
+  private final Map<Integer, Integer> agreed;
+
+  /** Committed maps by map id; the seen batch ids survive a re-open. */
+  private final Map<Integer, Committed> committed = new HashMap<>();
+
+  /** A map the stream serves: its attempt, the batches it has here and the ids seen. */
+  static final class Committed {
+    int attemptId;
+    int batches;
+    final BitSet seen = new BitSet();
+  }
+
+  // The open stream.
+  private TransportClient client;
+  private long streamId;
+  private List<Integer> chunkLengths;
+  private boolean streamOpen;
+  private int nextToFetch;
+  private int nextToConsume;
+  private final ArrayDeque<CompletableFuture<Frame>> inFlight = new ArrayDeque<>();
+
+  private Frame chunk; // the chunk whose batches are being handed out
+  private final ArrayDeque<ByteBuf> ready = new ArrayDeque<>();
+  private final ArrayDeque<Batch.Header> readyHeaders = new ArrayDeque<>();
+  private Batch.Header current; // the header of the batch next() returned last
+  private int failovers;
+  private int serverTurn;
+  /** Positions in {@code servers} whose copy answered DATA_LOST: not read again. */
+  private final BitSet incompleteCopies = new BitSet();
+  private boolean done;
+  private boolean closed;
+
+  private long bytesFetched;
+  private long bytesRead;
+  private long batchesRead;
+  private long fetchWaitNanos;
+  // Latency of the current stream, for the debug line at its end.
+  private long openNanos;
+  private long firstChunkWaitNanos;
+
+  /**
+   * Creates the reader; the stream opens on the first {@link #hasNext()}.
+   *
+   * @param part names the part in messages ("part 1 of 3"), empty for an unsplit partition
+   * @param servers the part's primary and replica (if any), as indexes into the assignment
+   * @param mapEnd exclusive
+   * @param attempts as {@link ShuffleReaderClient}'s: map ids ascending inside the range; empty:
+   *     each map's winning attempt
+   * @param agreed with {@code attempts} empty: the attempt of each map earlier parts served,
+   *     which this part must serve too
+   */
+  PartStreamReader(TransportClientFactory factory, SluiceConf conf, String appId, int shuffleId,
+      ShuffleAssignment assignment, int partition, String part, int[] servers, int mapStart,
+      int mapEnd, List<OpenStream.MapAttempt> attempts, Map<Integer, Integer> agreed) {
+    this.attempts = attempts;
+    this.factory = factory;
+    this.conf = conf;
+    this.appId = appId;
+    this.shuffleId = shuffleId;
+    this.assignment = assignment;
+    this.partition = partition;
+    this.part = part;
+    this.mapStart = mapStart;
+    this.mapEnd = mapEnd;
+    this.servers = servers;
+    this.agreed = agreed;
+  }
+
+  @Override
+  public boolean hasNext() {
+    if (closed) {
+      return false;
+    }
+    while (ready.isEmpty() && !done) {
+      releaseChunk();
+      try {
+        step();
+      } catch (SluiceException e) {
+        // DATA_LOST: the copy is incomplete; unknown app or shuffle: the server lost its copy
+        // (it restarted). Either way that server is not read again.
+        boolean incomplete = e.code() == ErrorCode.DATA_LOST || e.isLostState();
+        if (incomplete) {
+          incompleteCopies.set(serverTurn % servers.length);
+        }
+        if (!(incomplete || e.isRetriable() || e.isConnectionFailure())
+            || failovers >= conf.maxRetries() || !nextServer()) {
+          close();
+          throw e;
+        }
+        failovers++;
+        abandonStream();
+        LOG.warn("reading shuffle {} partition {}{} failed ({}); re-opening on {} (retry {})",
+            shuffleId, partition, part, e.getMessage(), server().hostPort(), failovers);
+        if (!incomplete) {
+          CoordinatorClient.sleep(conf.retryWaitMs(failovers));
+        }
+      }
+    }
+    if (ready.isEmpty()) {
+      close();
+      return false;
+    }
+    return true;
+  }
+
+  /** The next batch's payload; valid until the next call on this reader. */
+  @Override
+  public ByteBuf next() {
+    if (!hasNext()) {
+      throw new NoSuchElementException();
+    }
+    ByteBuf b = ready.poll();
+    current = readyHeaders.poll();
+    bytesRead += b.readableBytes();
+    batchesRead++;
+    return b;
+  }
+
+  /**
+   * The header of the batch {@link #next()} returned last (its map id, attempt id and batch id
+   * tell batches of one map apart); null before the first.
+   */
+  public Batch.Header header() {
+    return current;
+  }
+
+  private ShuffleAssignment.Server server() {
+    return assignment.servers().get(servers[serverTurn % servers.length]);
+  }
+
+  /**
+   * Moves to the next server holding the partition (the same one when it is the only one) whose
+   * copy is not known to be incomplete; false when none is left.
+   */
+  private boolean nextServer() {
+    for (int step = 1; step <= servers.length; step++) {
+      if (!incompleteCopies.get((serverTurn + step) % servers.length)) {
+        serverTurn += step;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  /** Opens the stream, or takes in the next chunk, or finishes. */
+  private void step() {
+    if (!streamOpen) {
+      open();
+      return;
+    }
+    if (nextToConsume == chunkLengths.size()) {
+      finishStream();
+      return;
+    }
+    requestAhead();
+    CompletableFuture<Frame> f = inFlight.poll();
+    long start = System.nanoTime();
+    Frame frame;
+    try {
+      frame = TransportClient.await(f);
+    } catch (RuntimeException e) {
+      // Interrupted (a killed task: Spark interrupts the losing speculative copy) or failed: the
+      // chunk may still arrive, and nobody else holds this future any more.
+      releaseOnArrival(f);
+      throw e;
+    } finally {
+      long waited = System.nanoTime() - start;
+      fetchWaitNanos += waited;
+      if (nextToConsume == 0) {
+        firstChunkWaitNanos = waited;
+      }
+    }
+    // Refill the window before this chunk is verified and consumed, so that prefetchChunks
+    // requests stay in flight meanwhile (as the Rust reader does).
+    requestAhead();
+    int index = nextToConsume;
+    try {
+      take(frame, index);
+    } catch (SluiceException e) {
+      frame.release();
+      throw e;
+    }
+    nextToConsume++;
+  }
+
+  private void open() {
+    long start = System.nanoTime();
+    client = factory.getClient(server());
+    Message m = client.callSync(
+        new OpenStream(appId, shuffleId, partition, mapStart, mapEnd, attempts));
+    if (!(m instanceof StreamHandle h)) {
+      throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION, "expected StreamHandle, got " + m);
+    }
+    streamId = h.streamId();
+    chunkLengths = h.chunkLengths();
+    streamOpen = true;
+    openNanos = System.nanoTime() - start;
+    nextToFetch = 0;
+    nextToConsume = 0;
+    for (StreamHandle.CommittedMap c : h.committed()) {
+      if (c.mapId() < mapStart || c.mapId() >= mapEnd) {
+        throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION, "stream handle lists map "
+            + c.mapId() + " outside [" + mapStart + ", " + mapEnd + ")");
+      }
+      Integer before = attempts.isEmpty() ? agreed.get(c.mapId()) : null;
+      if (before != null && before != c.attemptId()) {
+        // Two attempts of the map ended at once, each first on another server: serving both
+        // would mix them. (On this part's other copy the winner may agree.)
+        throw new SluiceException(ErrorCode.DATA_LOST, "shuffle " + shuffleId + " partition "
+            + partition + part + " on " + client.peer() + " serves map " + c.mapId()
+            + " attempt " + c.attemptId() + ", earlier parts attempt " + before);
+      }
+      Committed known = committed.get(c.mapId());
+      if (known == null || known.attemptId != c.attemptId()) {
+        known = new Committed();
+        committed.put(c.mapId(), known);
+      }
+      known.attemptId = c.attemptId();
+      known.batches = c.batches();
+    }
+    requestAhead();
+  }
+
+  /** Keeps up to fetchPrefetchChunks chunk requests in flight. */
+  private void requestAhead() {
+    while (inFlight.size() < conf.fetchPrefetchChunks() && nextToFetch < chunkLengths.size()) {
+      inFlight.add(client.request(new FetchChunk(streamId, nextToFetch++), null));
+    }
+  }
+
+  /** Checks a fetched chunk and queues its batches that pass the filter. */
+  private void take(Frame frame, int index) {
+    if (!(frame.message() instanceof ChunkData cd) || cd.streamId() != streamId
+        || cd.chunkIndex() != index) {
+      throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION,
+          "expected chunk " + index + " of stream " + streamId + ", got " + frame.message());
+    }
+    ByteBuf body = frame.body();
+    long want = Integer.toUnsignedLong(chunkLengths.get(index));
+    if (body.readableBytes() != want) {
+      throw new SluiceException(ErrorCode.DATA_LOST, "chunk " + index + " of shuffle " + shuffleId
+          + " partition " + partition + " has " + body.readableBytes() + " bytes, expected " + want);
+    }
+    bytesFetched += body.readableBytes();
+    // Verify the whole chunk before handing any batch out, so a re-fetch never duplicates.
+    try {
+      Batch.forEach(body, true, null);
+    } catch (ProtocolException e) {
+      throw new SluiceException(e.code() == ErrorCode.CHECKSUM_MISMATCH
+          ? ErrorCode.CHECKSUM_MISMATCH : ErrorCode.DATA_LOST,
+          "chunk " + index + " of shuffle " + shuffleId + " partition " + partition + " from "
+              + client.peer() + ": " + e.getMessage(), e);
+    }
+    chunk = frame;
+    Batch.forEach(body, false, (h, payload) -> {
+      Committed c = committed.get(h.mapId());
+      if (c == null || h.attemptId() != c.attemptId || h.batchId() < 0
+          || c.seen.get(h.batchId())) {
+        return; // another map, a losing attempt, or a duplicate
+      }
+      c.seen.set(h.batchId());
+      ready.add(payload);
+      readyHeaders.add(h);
+    });
+  }
+
+  /** The stream is read to its end: close it and check every committed map is complete. */
+  private void finishStream() {
+    if (LOG.isDebugEnabled()) {
+      LOG.debug("shuffle {} partition {} maps [{}, {}) read from {}: {} chunks, {} bytes; open "
+          + "{} us, first chunk {} us, all waits {} us", shuffleId, partition, mapStart, mapEnd,
+          client.peer(), chunkLengths.size(), bytesFetched, openNanos / 1000,
+          firstChunkWaitNanos / 1000, fetchWaitNanos / 1000);
+    }
+    closeStreamQuietly();
+    for (Map.Entry<Integer, Committed> e : committed.entrySet()) {
+      Committed c = e.getValue();
+      int seen = c.seen.cardinality();
+      if (seen != c.batches) {
+        throw new SluiceException(ErrorCode.DATA_LOST, "shuffle " + shuffleId + " partition "
+            + partition + part + ": map " + e.getKey() + " attempt " + c.attemptId + " has "
+            + seen + " of its " + c.batches + " batches");
+      }
+    }
+    done = true;
+  }
+
+  private void closeStreamQuietly() {
+    if (streamOpen) {
+      streamOpen = false;
+      try {
+        client.call(new CloseStream(streamId));
+      } catch (RuntimeException e) {
+        LOG.debug("closing stream {} failed", streamId, e);
+      }
+    }
+  }
+
+  /** Drops the current stream after a failure: its chunks in flight are released on arrival. */
+  private void abandonStream() {
+    releaseChunk();
+    for (CompletableFuture<Frame> f : inFlight) {
+      releaseOnArrival(f);
+    }
+    inFlight.clear();
+    if (client != null && client.isActive()) {
+      closeStreamQuietly();
+    }
+    streamOpen = false;
+  }
+
+  /** Releases the chunk a request will deliver, whenever it does (no-op if it fails). */
+  private static void releaseOnArrival(CompletableFuture<Frame> f) {
+    f.whenComplete((frame, e) -> {
+      if (frame != null) {
+        frame.release();
+      }
+    });
+  }
+
+  private void releaseChunk() {
+    ready.clear();
+    readyHeaders.clear();
+    if (chunk != null) {
+      chunk.release();
+      chunk = null;
+    }
+  }
+
+  /** Chunk bytes fetched from servers (batch headers and filtered batches included). */
+  public long bytesFetched() {
+    return bytesFetched;
+  }
+
+  /** Payload bytes handed out. */
+  public long bytesRead() {
+    return bytesRead;
+  }
+
+  /** Batches handed out. */
+  public long batchesRead() {
+    return batchesRead;
+  }
+
+  /** Time spent waiting for chunks, in nanoseconds. */
+  public long fetchWaitNanos() {
+    return fetchWaitNanos;
+  }
+
+  /** The maps this part served, by map id: complete once {@link #hasNext()} returned false. */
+  Map<Integer, Committed> committed() {
+    return committed;
+  }
+
+  /** Closes the stream (if still open) and releases every buffer. Idempotent. */
+  @Override
+  public void close() {
+    if (closed) {
+      return;
+    }
+    closed = true;
+    abandonStream();
+  }
+}
