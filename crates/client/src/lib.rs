@@ -147,6 +147,10 @@ pub struct ClientOptions {
     pub fetch_prefetch_chunks: usize,
     /// Connection settings.
     pub transport: ClientConfig,
+    /// The user the application runs as, sent in `RegisterApp` to the coordinator and to the
+    /// servers of each shuffle: servers count the application in that user's quotas. Empty:
+    /// none (only the application's own quotas apply).
+    pub user: String,
 }
 
 impl Default for ClientOptions {
@@ -161,6 +165,7 @@ impl Default for ClientOptions {
             retry_backoff_ms: 20,
             fetch_prefetch_chunks: 4,
             transport: ClientConfig::default(),
+            user: String::new(),
         }
     }
 }
@@ -410,8 +415,13 @@ impl ShuffleClient {
 
     /// Registers the application with a coordinator.
     pub async fn register_app(&self) -> Result<(), ClientError> {
-        self.coordinator_request(RegisterApp { app_id: self.inner.app_id.clone() }.into()).await?;
+        self.coordinator_request(self.register_app_msg()).await?;
         Ok(())
+    }
+
+    fn register_app_msg(&self) -> Message {
+        let user = self.inner.opts.user.clone();
+        RegisterApp { app_id: self.inner.app_id.clone(), user }.into()
     }
 
     /// Heartbeats the application to every coordinator that answers and to `servers`.
@@ -448,6 +458,10 @@ impl ShuffleClient {
             return Err(ClientError::UnexpectedReply("RegisterShuffle wants Assignment"));
         };
         for addr in server_addrs(&a).await? {
+            // A server learns the application's user only from this (it counts quotas per user).
+            if !self.inner.opts.user.is_empty() {
+                self.request(addr, self.register_app_msg()).await?;
+            }
             self.request(addr, reg.clone().into()).await?;
         }
         Ok(Arc::new(a))

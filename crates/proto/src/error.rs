@@ -54,11 +54,14 @@ pub enum ErrorCode {
     /// The connection is authenticated for another application than the one the request names
     /// (or a cluster-only request on an application's connection). Answers that request only.
     Unauthorized = 22,
+    /// The application (or its user) is over one of its quotas on the responder: the message
+    /// names the quota and its limit. Not retriable: the data is not going to shrink by itself.
+    QuotaExceeded = 23,
 }
 
 impl ErrorCode {
     /// Every code, in number order.
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 23] = [
         Self::MalformedFrame,
         Self::FrameTooLarge,
         Self::UnknownMessageType,
@@ -81,6 +84,7 @@ impl ErrorCode {
         Self::Timeout,
         Self::ProtocolViolation,
         Self::Unauthorized,
+        Self::QuotaExceeded,
     ];
 
     /// The code's number on the wire.
@@ -118,6 +122,7 @@ impl ErrorCode {
             Self::Timeout => "TIMEOUT",
             Self::ProtocolViolation => "PROTOCOL_VIOLATION",
             Self::Unauthorized => "UNAUTHORIZED",
+            Self::QuotaExceeded => "QUOTA_EXCEEDED",
         }
     }
 
@@ -211,6 +216,6 @@ mod tests {
             assert_eq!(ErrorCode::from_u16(c.as_u16()), Some(*c));
         }
         assert_eq!(ErrorCode::from_u16(0), None);
-        assert_eq!(ErrorCode::from_u16(23), None);
+        assert_eq!(ErrorCode::from_u16(24), None);
     }
 }

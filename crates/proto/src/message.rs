@@ -171,6 +171,9 @@ wire_struct! {
     pub struct RegisterApp {
         /// The application's id, the namespace of its shuffles.
         pub app_id: String,
+        /// The user the application runs as (Spark's `sparkUser`), whose quotas it counts
+        /// against on servers; empty: none (only the application's own quotas apply).
+        pub user: String,
     }
 }
 wire_struct! {

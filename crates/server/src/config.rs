@@ -87,6 +87,10 @@ pub struct ServerConfig {
     /// Bearer token the admin API's write endpoints (drain) require; `None`: they are open.
     /// At least 16 characters.
     pub admin_token: Option<String>,
+    /// Limits per application and per user on what they hold on this server (`[quotas]`:
+    /// `app`, `user` and `users.<name>`, each with `buffered_bytes`, `disk_bytes`,
+    /// `object_store_bytes`; 0: no limit). None by default.
+    pub quotas: crate::quota::QuotaConfig,
     /// The object-store tier (`[object_store]`): where committed partitions move when the data
     /// directories fill up. `None` (no `bucket`): off, data stays on local disks.
     pub object_store: Option<ObjectStoreConfig>,
@@ -241,6 +245,7 @@ impl Default for ServerConfig {
             heartbeat_interval_ms: 1_000,
             transport: sluice_transport::ServerConfig::default(),
             admin_token: None,
+            quotas: crate::quota::QuotaConfig::default(),
             object_store: None,
         }
     }
@@ -284,6 +289,9 @@ impl ServerConfig {
         }
         if self.heartbeat_interval_ms == 0 || self.app_expiry_ms == 0 {
             return Err("heartbeat_interval_ms and app_expiry_ms must be positive".into());
+        }
+        if self.quotas.users.keys().any(|u| u.is_empty()) {
+            return Err("quotas.users: a user name is empty".into());
         }
         sluice_transport::validate_admin_token(self.admin_token.as_deref())?;
         if let Some(o) = &self.object_store {

@@ -18,6 +18,8 @@
 //!   the disks fill, and their chunks read back with ranged GETs (the pass that decides what
 //!   moves is `ServerState::offload`).
 //! - `memory_budget`: reservations and watermarks for buffered data.
+//! - `quota`: per-application and per-user limits on buffered, stored and object-store bytes,
+//!   checked when a push is admitted.
 //! - `config`: the server's configuration ([`ServerConfig`]).
 //! - `stats`: counters exported as Prometheus text.
 //! - `status`: read-only views for operators ([`ServerHandle`]: status, disks, metrics, the
@@ -36,6 +38,7 @@ mod flusher;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 mod memory_budget;
+mod quota;
 mod state;
 mod stats;
 mod status;
@@ -238,6 +241,7 @@ impl Server {
             ("sluice_server_ktls_available", u64::from(sluice_transport::ktls_available())),
             ("sluice_server_shuffles_held", state.shuffles_held() as u64),
             ("sluice_server_partitions_held", u64::from(state.partitions_held())),
+            ("sluice_server_metadata_bytes", state.metadata_bytes()),
             ("sluice_server_object_store_bytes", state.offloaded_bytes()),
         ]);
         // Per application: what its shuffles hold in memory and in files.
@@ -249,6 +253,8 @@ impl Server {
         let stored = per_app(|a| a.shuffles.iter().map(|s| s.stored_bytes).sum());
         stats::Stats::labelled(&mut out, "sluice_server_app_buffered_bytes", "app", &buffered);
         stats::Stats::labelled(&mut out, "sluice_server_app_stored_bytes", "app", &stored);
+        let refusals = state.quota_refusals();
+        stats::Stats::labelled(&mut out, "sluice_server_quota_refusals_total", "quota", &refusals);
         let offloaded = per_app(|a| a.shuffles.iter().map(|s| s.offloaded_bytes).sum());
         stats::Stats::labelled(&mut out, "sluice_server_app_offloaded_bytes", "app", &offloaded);
         // Per data directory: free space and size (statvfs each, once per scrape).

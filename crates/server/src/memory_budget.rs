@@ -79,7 +79,7 @@ impl MemoryBudget {
             match self.used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => {
                     self.peak.fetch_max(next, Ordering::Relaxed);
-                    return Some(Reservation { budget: self.clone(), bytes });
+                    return Some(Reservation { budget: self.clone(), bytes, charge: None });
                 }
                 Err(actual) => cur = actual,
             }
@@ -162,6 +162,17 @@ impl MemoryBudget {
 pub struct Reservation {
     budget: Arc<MemoryBudget>,
     bytes: u64,
+    /// The application's (and user's) buffered-bytes count of these bytes, if kept: released
+    /// with them (see `quota`).
+    charge: Option<crate::quota::BufferedCharge>,
+}
+
+impl Reservation {
+    /// Keeps `charge` until the reservation is released.
+    pub fn charged(mut self, charge: crate::quota::BufferedCharge) -> Reservation {
+        self.charge = Some(charge);
+        self
+    }
 }
 
 impl Drop for Reservation {

@@ -19,6 +19,7 @@ use crate::core::{
 use crate::files::{remove_app_dirs, remove_shuffle_files, FileRef, Placement};
 use crate::flusher::Flushers;
 use crate::memory_budget::{MemoryBudget, Pressure, Reservation};
+use crate::quota::Quotas;
 use crate::stats::Stats;
 use crate::storage::Storage;
 use crate::tier::{Tier, TierError};
@@ -89,6 +90,8 @@ pub struct ServerState {
     relieving: AtomicBool,
     /// Taking no new partitions (see [`ServerState::start_draining`]).
     draining: AtomicBool,
+    /// What each application and user holds, against their limits.
+    quotas: Quotas,
 }
 
 impl ServerState {
@@ -152,7 +155,6 @@ impl ServerState {
             on_done,
         );
         Arc::new(ServerState {
-            config,
             budget,
             storage,
             stats,
@@ -166,6 +168,8 @@ impl ServerState {
             flushes_done,
             relieving: AtomicBool::new(false),
             draining: AtomicBool::new(false),
+            quotas: Quotas::new(config.quotas.clone()),
+            config,
         })
     }
 
@@ -199,8 +203,16 @@ impl ServerState {
             let why = self.storage.unavailable_reason();
             return Admit::Refused(Refusal::new(ErrorCode::StorageUnavailable, why));
         }
+        // Before the shared budget is touched: an application over its quota takes none of it.
+        let charge = match self.quotas.admit(app_id, footprint, body_len as u64) {
+            Ok(c) => c,
+            Err(r) => return Admit::Refused(r),
+        };
         match self.budget.try_reserve(footprint) {
-            Some(reservation) => Admit::Admitted(Admitted { reservation, shuffle }),
+            Some(reservation) => {
+                let reservation = reservation.charged(Quotas::buffered(charge, footprint));
+                Admit::Admitted(Admitted { reservation, shuffle })
+            }
             None => Admit::NoRoom,
         }
     }
@@ -269,7 +281,10 @@ impl ServerState {
                 self.push(&p.app_id, p.shuffle_id, &p.entries, body, admitted)
             }
             Message::MapperEnd(m) => self.mapper_end(m),
-            Message::RegisterApp(r) => Ok(self.touch_app(&r.app_id)),
+            Message::RegisterApp(r) => {
+                self.quotas.set_user(&r.app_id, &r.user);
+                Ok(self.touch_app(&r.app_id))
+            }
             Message::AppHeartbeat(r) => Ok(self.touch_app(&r.app_id)),
             Message::UnregisterApp(r) => Ok(self.remove_app(&r.app_id, "unregistered")),
             Message::RegisterShuffle(r) => self
@@ -323,6 +338,7 @@ impl ServerState {
             }
         }
         pushed.result?;
+        self.quotas.accepted(app_id, shuffle_id, body.len() as u64);
         self.stats.push_requests.fetch_add(1, Ordering::Relaxed);
         self.stats.pushed_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
         if self.budget.pressure() != Pressure::Normal {
@@ -422,6 +438,7 @@ impl ServerState {
             }
             remove_app_dirs(&self.storage, app_id);
         }
+        self.quotas.app_removed(app_id);
         Response::msg(OkMsg {})
     }
 
@@ -450,6 +467,7 @@ impl ServerState {
         if let Some(d) = self.apps.unregister_shuffle(app_id, shuffle_id)? {
             self.remove_files(d);
         }
+        self.quotas.shuffle_deleted(app_id, shuffle_id);
         Ok(Response::msg(OkMsg {}))
     }
 
@@ -720,6 +738,9 @@ impl ServerState {
                 return Err(Offload::Skipped(r.reason().to_owned()));
             }
         };
+        // The application's bytes count in the store from here on, no longer on disk.
+        let key = shuffle.key();
+        self.quotas.moved_to_object_store(key.app_id(), key.shuffle_id(), bytes);
         // From here on readers are served from the store. The local files go only once the
         // commit record says where the data is: a crash before that restarts on the old record
         // and the local files (the objects are then left over in the store).
@@ -863,6 +884,16 @@ impl ServerState {
             tracing::info!(shuffles = n, "open shuffles with no data parked: pushes to them are refused (retriable) until the restart");
         }
         true
+    }
+
+    /// Bytes the shuffles' metadata takes on the heap (for metrics).
+    pub(crate) fn metadata_bytes(&self) -> u64 {
+        self.apps.metadata_bytes()
+    }
+
+    /// Pushes refused per quota (`app.disk_bytes`, ...), every quota listed (for metrics).
+    pub(crate) fn quota_refusals(&self) -> Vec<(String, u64)> {
+        self.quotas.refusals()
     }
 
     /// Every application and what its shuffles hold now (for the status API).

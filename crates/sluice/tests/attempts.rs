@@ -178,7 +178,7 @@ async fn duplicate_push_after_lost_ack_is_read_once() {
         let server = scratch.server(&ServerSpec::default());
         let conn = raw(server.addr).await;
         let app = "dup-app".to_string();
-        call(&conn, RegisterApp { app_id: app.clone() }).await.unwrap();
+        call(&conn, RegisterApp { app_id: app.clone(), ..Default::default() }).await.unwrap();
         let reg = RegisterShuffle {
             app_id: app.clone(),
             shuffle_id: 5,

@@ -113,3 +113,33 @@ fn bench_connections_reads_back_every_byte_at_each_count() {
     }
     assert_eq!(rows[0]["push_vs_first"].as_f64(), Some(1.0), "{j}");
 }
+
+#[test]
+fn bench_metadata_reads_back_every_pair_and_reports_its_memory() {
+    let j = bench_json(&[
+        "bench",
+        "metadata",
+        "--json",
+        "--maps",
+        "20",
+        "--partitions",
+        "300",
+        "--fraction",
+        "0.5",
+        "--memory-budget",
+        "64M",
+    ]);
+    let n = |k: &str| j[k].as_f64().unwrap_or_else(|| panic!("no number {k} in {j}"));
+    // Half the pairs by the bench's rule; each batch read back (the bench checks bytes and
+    // batches against what it pushed before it prints).
+    assert_eq!(n("pairs_pushed"), 3000.0, "{j}");
+    assert_eq!(n("pushed_payload_bytes"), 3000.0 * 16.0, "{j}");
+    assert_eq!(n("stored_bytes"), 3000.0 * 36.0, "{j}");
+    assert_eq!(n("server_memory_used_bytes"), 0.0, "committed: nothing buffered {j}");
+    for k in ["commit_seconds", "server_rss_after_read_bytes", "client_peak_rss_bytes"] {
+        assert!(n(k) > 0.0 && n(k).is_finite(), "{k} in {j}");
+    }
+    // The core's count: at least a byte per (map, partition) count and two per run.
+    assert!(n("server_metadata_bytes") >= 3.0 * 3000.0, "{j}");
+    assert!(n("server_metadata_bytes") < 1e8, "{j}");
+}

@@ -21,7 +21,7 @@ fn data_files(dir: &Path) -> Vec<PathBuf> {
 /// Registers `app`'s shuffle `shuffle` (1 map, 2 partitions), pushes one batch per partition,
 /// ends the map and commits — all on `c`.
 async fn one_committed_shuffle(c: &Connection, app: &str, shuffle: u32) {
-    call(c, RegisterApp { app_id: app.into() }).await.unwrap();
+    call(c, RegisterApp { app_id: app.into(), ..Default::default() }).await.unwrap();
     let reg = RegisterShuffle {
         app_id: app.into(),
         shuffle_id: shuffle,

@@ -40,7 +40,7 @@ async fn request_errors_leave_the_connection_open() {
         let scratch = Scratch::new();
         let server = scratch.server(&ServerSpec::default());
         let c = raw(server.addr).await;
-        call(&c, RegisterApp { app_id: APP.into() }).await.unwrap();
+        call(&c, RegisterApp { app_id: APP.into(), ..Default::default() }).await.unwrap();
         for shuffle in [1, 2] {
             let reg = RegisterShuffle {
                 app_id: APP.into(),
@@ -222,7 +222,7 @@ async fn malformed_frames_close_only_their_connection() {
         let scratch = Scratch::new();
         let server = scratch.server(&ServerSpec::default());
         let c = raw(server.addr).await;
-        call(&c, RegisterApp { app_id: APP.into() }).await.unwrap();
+        call(&c, RegisterApp { app_id: APP.into(), ..Default::default() }).await.unwrap();
         let reg = RegisterShuffle {
             app_id: APP.into(),
             shuffle_id: 1,

@@ -64,7 +64,7 @@ async fn read_back(c: &Connection, app: &str) -> Vec<Bytes> {
 /// Registers `app` and its shuffle 1 (2 maps, 1 partition) on the server, pushes one batch per
 /// map and commits.
 async fn write_shuffle(c: &Connection, app: &str) {
-    call(c, RegisterApp { app_id: app.into() }).await.unwrap();
+    call(c, RegisterApp { app_id: app.into(), ..Default::default() }).await.unwrap();
     let reg = RegisterShuffle {
         app_id: app.into(),
         shuffle_id: 1,
@@ -135,7 +135,9 @@ async fn an_application_cannot_touch_another_applications_data() {
         };
 
         let bob = connect_app(server.addr, B).await;
-        call(&bob, RegisterApp { app_id: B.into() }).await.expect("bob registers himself");
+        call(&bob, RegisterApp { app_id: B.into(), ..Default::default() })
+            .await
+            .expect("bob registers himself");
         let mut body = BytesMut::new();
         put_batch(&mut body, 0, 0, 9, &framed(&[record(0, 0, 9, 300)]));
         let body = body.freeze();

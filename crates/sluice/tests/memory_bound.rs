@@ -292,7 +292,7 @@ async fn busy_then_stuck_between_resume_and_flush_watermarks() {
             ..Default::default()
         });
         let c = raw(server.addr).await;
-        call(&c, RegisterApp { app_id: "wedge".into() }).await.unwrap();
+        call(&c, RegisterApp { app_id: "wedge".into(), ..Default::default() }).await.unwrap();
         let reg = RegisterShuffle {
             app_id: "wedge".into(),
             shuffle_id: 1,

@@ -47,7 +47,7 @@ async fn missing_batches_are_reported_as_data_lost() {
         let server = scratch.server(&ServerSpec::default());
         let c = raw(server.addr).await;
         let app = "lossy";
-        call(&c, RegisterApp { app_id: app.into() }).await.unwrap();
+        call(&c, RegisterApp { app_id: app.into(), ..Default::default() }).await.unwrap();
         let reg = RegisterShuffle {
             app_id: app.into(),
             shuffle_id: 1,

@@ -38,7 +38,7 @@ async fn sigterm_stops_server_and_coordinator_with_idle_connections_open() {
         // Idle connections, as pooled clients keep them.
         let to_server = raw(server.addr).await;
         let to_coord = raw(coord.addr).await;
-        call(&to_server, RegisterApp { app_id: "bye".into() }).await.unwrap();
+        call(&to_server, RegisterApp { app_id: "bye".into(), ..Default::default() }).await.unwrap();
         assert!(matches!(call(&to_coord, Ping {}).await, Ok(Message::Pong(_))));
 
         sigterm(&server);

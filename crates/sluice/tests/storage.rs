@@ -88,7 +88,7 @@ async fn unusable_data_dir_refuses_pushes_with_storage_unavailable() {
 
         // Raw: the push itself is refused with the code.
         let c = raw(server.addr).await;
-        call(&c, RegisterApp { app_id: "st".into() }).await.unwrap();
+        call(&c, RegisterApp { app_id: "st".into(), ..Default::default() }).await.unwrap();
         let reg = RegisterShuffle {
             app_id: "st".into(),
             shuffle_id: 1,

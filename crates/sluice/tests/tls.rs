@@ -54,7 +54,7 @@ async fn connect_err(addr: SocketAddr, cfg: &ClientConfig) -> String {
 /// Registers, pushes 3 batches of 64 KiB into partition 0, commits, and reads the partition
 /// back: the pushed bytes and the chunks' bytes.
 async fn round_trip(c: &Connection, app: &str) -> (Vec<u8>, Vec<u8>) {
-    call(c, RegisterApp { app_id: app.into() }).await.unwrap();
+    call(c, RegisterApp { app_id: app.into(), ..Default::default() }).await.unwrap();
     let reg = RegisterShuffle {
         app_id: app.into(),
         shuffle_id: 1,

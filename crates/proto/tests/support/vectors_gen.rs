@@ -128,6 +128,16 @@ pub fn cases() -> Vec<Case> {
             &[],
             false,
         ),
+        ok(
+            "error_quota_exceeded",
+            11,
+            Message::error(
+                ErrorCode::QuotaExceeded,
+                "application app-a is over its quota app.disk_bytes: 1073741824 bytes",
+            ),
+            &[],
+            false,
+        ),
         ok("ping", 2, Ping {}.into(), &[], false),
         ok("pong", 2, Pong {}.into(), &[], false),
         ok("ok", 3, OkMsg {}.into(), &[], false),
@@ -190,7 +200,13 @@ pub fn cases() -> Vec<Case> {
             false,
         ),
         ok("drain_order", 5, DrainOrder { order: DRAIN_ORDER_START }.into(), &[], false),
-        ok("register_app", 6, RegisterApp { app_id: app() }.into(), &[], false),
+        ok(
+            "register_app",
+            6,
+            RegisterApp { app_id: app(), user: "alice".into() }.into(),
+            &[],
+            false,
+        ),
         ok("app_heartbeat", 7, AppHeartbeat { app_id: app() }.into(), &[], false),
         ok("unregister_app", 8, UnregisterApp { app_id: app() }.into(), &[], false),
         ok(

@@ -173,6 +173,12 @@ impl<F: Clone> Apps<F> {
         apps.values().flat_map(|a| a.shuffles.values().cloned()).collect()
     }
 
+    /// Bytes the metadata of every shuffle held takes on the heap (see
+    /// [`Shuffle::metadata_bytes`]); partitions are locked one at a time, outside the map's lock.
+    pub fn metadata_bytes(&self) -> u64 {
+        self.shuffles().iter().map(|s| s.metadata_bytes()).sum()
+    }
+
     /// Shuffles held, of every application.
     pub fn shuffles_held(&self) -> usize {
         self.apps.lock().values().map(|a| a.shuffles.len()).sum()

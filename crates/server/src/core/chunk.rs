@@ -43,6 +43,106 @@ pub struct ByteRange {
     pub len: u64,
 }
 
+/// A chunk's runs, sorted by `(map, attempt)`, encoded in a few bytes each: a chunk of a wide
+/// shuffle holds one run per map, and as 12-byte [`Run`]s they were a third of a server's
+/// metadata (docs/benchmarks-log.md#metadata-at-scale). Each run is a head byte — the map's
+/// distance from the previous run's map (capped at 15) in bits 3–6, the attempt (capped at 7) in
+/// bits 0–2 — then, when capped, the rest of each as a LEB128 varint, then the length as one:
+/// 2 bytes for a small batch of the next map's first attempt. Serialized as the list of runs
+/// (the commit record's format, as before).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Runs {
+    bytes: Box<[u8]>,
+    count: u32,
+    /// The first and last run's maps, to skip a chunk without decoding it.
+    maps: (u32, u32),
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u32) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn get_varint(bytes: &[u8], at: &mut usize) -> u32 {
+    let mut v = 0u32;
+    for shift in (0..35).step_by(7) {
+        // Encoded here from u32s: never past the end nor longer than 5 bytes.
+        let b = bytes.get(*at).copied().unwrap_or(0);
+        *at += 1;
+        v |= ((b & 0x7f) as u32) << shift;
+        if b & 0x80 == 0 {
+            break;
+        }
+    }
+    v
+}
+
+impl Runs {
+    const MAP_CAP: u32 = 15;
+    const ATTEMPT_CAP: u32 = 7;
+
+    /// Encodes `runs` (sorted by map, as [`group_by_attempt`] leaves them).
+    fn encode(runs: &[Run]) -> Runs {
+        let mut out = Vec::with_capacity(runs.len() * 2);
+        let mut prev = 0;
+        for r in runs {
+            let d = r.map_id.saturating_sub(prev);
+            prev = r.map_id;
+            let (dh, ah) = (d.min(Self::MAP_CAP), r.attempt_id.min(Self::ATTEMPT_CAP));
+            out.push((dh << 3 | ah) as u8);
+            if dh == Self::MAP_CAP {
+                put_varint(&mut out, d - Self::MAP_CAP);
+            }
+            if ah == Self::ATTEMPT_CAP {
+                put_varint(&mut out, r.attempt_id - Self::ATTEMPT_CAP);
+            }
+            put_varint(&mut out, r.len);
+        }
+        let maps = (runs.first().map_or(0, |r| r.map_id), runs.last().map_or(0, |r| r.map_id));
+        Runs { bytes: out.into_boxed_slice(), count: runs.len() as u32, maps }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = Run> + '_ {
+        let (mut at, mut map) = (0usize, 0u32);
+        (0..self.count).map(move |_| {
+            let head = self.bytes.get(at).copied().unwrap_or(0) as u32;
+            at += 1;
+            let (mut d, mut attempt) = (head >> 3, head & 7);
+            if d == Self::MAP_CAP {
+                d += get_varint(&self.bytes, &mut at);
+            }
+            if attempt == Self::ATTEMPT_CAP {
+                attempt += get_varint(&self.bytes, &mut at);
+            }
+            map += d;
+            Run { map_id: map, attempt_id: attempt, len: get_varint(&self.bytes, &mut at) }
+        })
+    }
+}
+
+impl Serialize for Runs {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = s.serialize_seq(Some(self.count as usize))?;
+        for r in self.iter() {
+            seq.serialize_element(&r)?;
+        }
+        seq.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Runs {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut runs = Vec::<Run>::deserialize(d)?;
+        // Sorted as written; a record from elsewhere is sorted here rather than misread.
+        runs.sort_by_key(|r| (r.map_id, r.attempt_id));
+        Ok(Runs::encode(&runs))
+    }
+}
+
 /// A flushed region of a partition file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Chunk {
@@ -52,14 +152,19 @@ pub struct Chunk {
     len: u64,
     /// The chunk's bytes, in order, as runs of one map attempt each, sorted by `(map, attempt)`
     /// with one run per attempt (see [`group_by_attempt`]).
-    runs: Box<[Run]>,
+    runs: Runs,
 }
 
 impl Chunk {
     /// A chunk of `runs` (grouped by attempt) written at `offset` of file number `file`.
     pub(crate) fn new(file: u32, offset: u64, runs: Box<[Run]>) -> Chunk {
         let len = runs.iter().map(|r| r.len as u64).sum();
-        Chunk { file, offset, len, runs }
+        Chunk { file, offset, len, runs: Runs::encode(&runs) }
+    }
+
+    /// Bytes its index holds on the heap (beyond the `Chunk` itself).
+    pub fn heap_bytes(&self) -> usize {
+        self.runs.bytes.len()
     }
 
     /// The number of the partition file that holds the chunk.
@@ -85,8 +190,11 @@ impl Chunk {
 
     /// Whether the chunk holds a batch of a map in `[start, end)`.
     pub fn has_map_in(&self, start: u32, end: u32) -> bool {
-        let i = self.runs.partition_point(|r| r.map_id < start);
-        self.runs.get(i).is_some_and(|r| r.map_id < end)
+        let (first, last) = self.runs.maps;
+        if self.runs.count == 0 || end <= first || start > last {
+            return false;
+        }
+        self.runs.iter().find(|r| r.map_id >= start).is_some_and(|r| r.map_id < end)
     }
 
     /// The byte ranges of the file, ascending and with adjacent ones merged, that hold the
@@ -160,6 +268,33 @@ mod tests {
         );
         assert_eq!(c.ranges(|m, _| (7..10).contains(&m)), vec![range(4126, 70)]);
         assert_eq!(c.ranges(|m, a| m == 3 && a == 1), vec![range(4106, 20)]);
+    }
+
+    #[test]
+    fn runs_encode_in_a_few_bytes_and_decode_as_they_were() {
+        let runs: Vec<Run> = [
+            run(0, 0, 36),
+            run(1, 0, 36),
+            run(1, 6, 127),
+            run(1, 7, 128),
+            run(16, 300, 70_000),
+            run(31, 0, 1),
+            run(1_000_000, 2, u32::MAX),
+            run(u32::MAX, u32::MAX, 0),
+        ]
+        .into();
+        let enc = Runs::encode(&runs);
+        assert_eq!(enc.iter().collect::<Vec<_>>(), runs);
+        // Map 0 attempt 0, 36 bytes; then the next map, attempt 0, 36 bytes: 2 bytes each.
+        assert_eq!(&enc.bytes[..4], &[0, 36, 1 << 3, 36]);
+        let wide = Runs::encode(&(0..2000).map(|m| run(m, 0, 36)).collect::<Vec<_>>());
+        assert_eq!(wide.bytes.len(), 4000, "2,000 maps' small batches");
+        // The record's format: a list of runs, as before.
+        let bytes = postcard::to_allocvec(&enc).unwrap();
+        assert_eq!(postcard::from_bytes::<Vec<Run>>(&bytes).unwrap(), runs);
+        assert_eq!(postcard::from_bytes::<Runs>(&bytes).unwrap(), enc);
+        let empty = Chunk::new(0, 0, Box::new([]));
+        assert!(!empty.has_map_in(0, u32::MAX));
     }
 
     #[test]

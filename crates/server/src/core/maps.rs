@@ -10,20 +10,125 @@ use sluice_proto::message::{CommittedMap, MapAttempt};
 /// speculative copies, stage re-runs), so more means a misbehaving client.
 pub const MAX_LATER_ATTEMPTS: usize = 64;
 
+/// One map attempt's batches per partition, as `MapperEnd` reported them, in as few bytes as
+/// they fit: a wide shuffle (2,000 maps × 10,000 partitions) holds one count per map and
+/// partition, and a hash map of them took ~15 bytes each (docs/benchmarks-log.md#metadata-at-scale).
+/// Dense (one byte per partition up to the highest one reported, larger counts beside) when
+/// that is smaller than a sorted list of (partition, count) pairs, else that list. Serialized as
+/// a map of partition → batches, as the `HashMap` it replaced was (the commit record's format).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Counts {
+    /// `small[p]`: partition p's count, or [`Counts::BIG`] when it is in `big` (sorted).
+    Dense { small: Box<[u8]>, big: Box<[(u32, u32)]> },
+    /// (partition, count) sorted by partition, counts of 0 left out.
+    Sparse(Box<[(u32, u32)]>),
+}
+
+impl Counts {
+    /// The `small` value of a count that is in `big`.
+    const BIG: u8 = u8::MAX;
+
+    fn new(counts: impl IntoIterator<Item = (u32, u32)>) -> Counts {
+        let mut pairs: Vec<(u32, u32)> = counts.into_iter().filter(|c| c.1 > 0).collect();
+        pairs.sort_unstable();
+        // A partition reported twice: the last count stands, as it did in a map.
+        pairs.dedup_by(|later, earlier| {
+            let same = later.0 == earlier.0;
+            if same {
+                earlier.1 = later.1;
+            }
+            same
+        });
+        let span = pairs.last().map_or(0, |p| p.0 as usize + 1);
+        if span > pairs.len() * std::mem::size_of::<(u32, u32)>() {
+            return Counts::Sparse(pairs.into_boxed_slice());
+        }
+        let mut small = vec![0u8; span];
+        let mut big = Vec::new();
+        for (p, n) in pairs {
+            match u8::try_from(n) {
+                Ok(b) if b != Self::BIG => small[p as usize] = b,
+                _ => {
+                    small[p as usize] = Self::BIG;
+                    big.push((p, n));
+                }
+            }
+        }
+        Counts::Dense { small: small.into_boxed_slice(), big: big.into_boxed_slice() }
+    }
+
+    /// The batches reported for `partition` (`None`: none).
+    fn get(&self, partition: u32) -> Option<u32> {
+        let find = |pairs: &[(u32, u32)]| {
+            pairs.binary_search_by_key(&partition, |p| p.0).ok().map(|i| pairs[i].1)
+        };
+        match self {
+            Counts::Sparse(pairs) => find(pairs),
+            Counts::Dense { small, big } => match *small.get(partition as usize)? {
+                0 => None,
+                Self::BIG => find(big),
+                n => Some(n as u32),
+            },
+        }
+    }
+
+    /// Bytes it holds on the heap.
+    fn heap_bytes(&self) -> usize {
+        let pair = std::mem::size_of::<(u32, u32)>();
+        match self {
+            Counts::Sparse(pairs) => pairs.len() * pair,
+            Counts::Dense { small, big } => small.len() + big.len() * pair,
+        }
+    }
+
+    /// Every (partition, count), by partition.
+    fn iter(&self) -> Box<dyn Iterator<Item = (u32, u32)> + '_> {
+        match self {
+            Counts::Sparse(pairs) => Box::new(pairs.iter().copied()),
+            Counts::Dense { small, .. } => {
+                Box::new((0..small.len() as u32).filter_map(move |p| self.get(p).map(|n| (p, n))))
+            }
+        }
+    }
+}
+
+impl Serialize for Counts {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let n = match self {
+            Counts::Sparse(pairs) => pairs.len(),
+            Counts::Dense { small, .. } => small.iter().filter(|&&b| b != 0).count(),
+        };
+        // The length up front: postcard writes it before the entries.
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(n))?;
+        for (p, c) in self.iter() {
+            m.serialize_entry(&p, &c)?;
+        }
+        m.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Counts {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let map = HashMap::<u32, u32>::deserialize(d)?;
+        Ok(Counts::new(map))
+    }
+}
+
 /// What a map's attempts reported: the winner's (the first to arrive), and the later
 /// attempts', which are read only when a reader names them (`OpenStream::attempts`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct MapEnd {
     attempt_id: u32,
     /// partition → batches pushed there.
-    batches: HashMap<u32, u32>,
+    batches: Counts,
     /// Later attempts, in arrival order: (attempt, partition → batches).
-    later: Vec<(u32, HashMap<u32, u32>)>,
+    later: Vec<(u32, Counts)>,
 }
 
 impl MapEnd {
     /// The batches per partition that `attempt` reported, if it ended here.
-    fn batches_of(&self, attempt: u32) -> Option<&HashMap<u32, u32>> {
+    fn batches_of(&self, attempt: u32) -> Option<&Counts> {
         if attempt == self.attempt_id {
             return Some(&self.batches);
         }
@@ -58,7 +163,7 @@ impl MapEnds {
         counts: &[(u32, u32)],
         committed: bool,
     ) -> (Ended, bool) {
-        let batches = || counts.iter().copied().collect();
+        let batches = || Counts::new(counts.iter().copied());
         let e = match self.maps.entry(map_id) {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(_) if committed => return (Ended::NotKept, false),
@@ -80,7 +185,25 @@ impl MapEnds {
     /// The batches `attempt` of `map` reported for `partition`, if that attempt ended here.
     pub(crate) fn batches(&self, map: u32, attempt: u32, partition: u32) -> Option<u32> {
         let counts = self.maps.get(&map)?.batches_of(attempt)?;
-        Some(counts.get(&partition).copied().unwrap_or(0))
+        Some(counts.get(partition).unwrap_or(0))
+    }
+
+    /// Bytes the map ends hold on the heap: the table (8 of 7 slots used at most, a control
+    /// byte each) and every attempt's counts.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let slot = std::mem::size_of::<(u32, MapEnd)>() + 1;
+        let table = self.maps.capacity() * 8 / 7 * slot;
+        let later = std::mem::size_of::<(u32, Counts)>();
+        table
+            + self
+                .maps
+                .values()
+                .map(|e| {
+                    e.batches.heap_bytes()
+                        + e.later.capacity() * later
+                        + e.later.iter().map(|l| l.1.heap_bytes()).sum::<usize>()
+                })
+                .sum::<usize>()
     }
 
     /// How many maps ended.
@@ -105,7 +228,7 @@ impl MapEnds {
             .iter()
             .filter(|(m, _)| (start..end).contains(*m))
             .filter_map(|(m, e)| {
-                let batches = *e.batches.get(&partition)?;
+                let batches = e.batches.get(partition)?;
                 (batches > 0).then_some(CommittedMap {
                     map_id: *m,
                     attempt_id: e.attempt_id,
@@ -158,6 +281,31 @@ mod tests {
         assert_eq!(m.batches(0, 999, 0), None);
         assert_eq!(m.record(5, 0, &[], true), (Ended::NotKept, false), "no first end after commit");
         assert_eq!(m.record(0, 1000, &[], true).0, Ended::Winner(1), "later ones still count");
+    }
+
+    #[test]
+    fn counts_are_compact_and_read_back_as_reported() {
+        let dense = Counts::new((0..10_000).map(|p| (p, 1 + p % 300)));
+        let Counts::Dense { small, big } = &dense else { panic!("10,000 of 10,000: dense") };
+        assert_eq!(small.len(), 10_000);
+        assert_eq!(big.len(), (0..10_000).filter(|p| 1 + p % 300 >= 255).count());
+        for p in [0, 1, 253, 254, 255, 299, 9_999] {
+            assert_eq!(dense.get(p), Some(1 + p % 300), "partition {p}");
+        }
+        assert_eq!(dense.get(10_000), None);
+        let sparse = Counts::new([(9_000, 2), (7, 0), (3, 5), (3, 6)]);
+        assert!(matches!(sparse, Counts::Sparse(_)), "{sparse:?}");
+        assert_eq!((sparse.get(3), sparse.get(7), sparse.get(9_000)), (Some(6), None, Some(2)));
+        // The commit record's format: a map, as the HashMap before; both kinds round trip.
+        for c in [dense, sparse] {
+            let bytes = postcard::to_allocvec(&c).unwrap();
+            let as_map: HashMap<u32, u32> = postcard::from_bytes(&bytes).unwrap();
+            assert_eq!(as_map.len(), c.iter().count());
+            assert!(c.iter().all(|(p, n)| as_map.get(&p) == Some(&n)));
+            assert_eq!(postcard::from_bytes::<Counts>(&bytes).unwrap(), c);
+            let old = postcard::to_allocvec(&as_map).unwrap();
+            assert_eq!(postcard::from_bytes::<Counts>(&old).unwrap(), c, "a record from before");
+        }
     }
 
     #[test]

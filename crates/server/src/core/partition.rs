@@ -287,6 +287,20 @@ impl<F: Clone> Partition<F> {
         self.buffer.bytes
     }
 
+    /// Bytes the partition's metadata holds on the heap: its chunk index, files and the
+    /// buffer's bookkeeping (slices, runs and reservations; not the pushed bytes, which the
+    /// memory budget counts).
+    pub fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let b = &self.buffer;
+        self.chunks.capacity() * size_of::<Chunk>()
+            + self.chunks.iter().map(Chunk::heap_bytes).sum::<usize>()
+            + self.files.capacity() * size_of::<PartitionFile<F>>()
+            + b.slices.capacity() * size_of::<Bytes>()
+            + b.runs.capacity() * size_of::<Run>()
+            + b.reservations.capacity() * size_of::<Arc<Reservation>>()
+    }
+
     /// The chunk index.
     pub fn chunks(&self) -> &[Chunk] {
         &self.chunks

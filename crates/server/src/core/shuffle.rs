@@ -597,6 +597,14 @@ impl<F: Clone> Shuffle<F> {
         Ok((bodies, committed))
     }
 
+    /// Bytes the shuffle's metadata holds on the heap: its partitions (chunk index, files,
+    /// buffer bookkeeping) and map ends; not the pushed bytes buffered (the memory budget's).
+    pub fn metadata_bytes(&self) -> u64 {
+        let parts = self.partitions.len() * std::mem::size_of::<Mutex<Partition<F>>>();
+        let each: usize = self.partitions.iter().map(|p| p.lock().heap_bytes()).sum();
+        (std::mem::size_of::<Self>() + parts + each + self.maps.lock().heap_bytes()) as u64
+    }
+
     /// The partitions that lost data, with why.
     pub fn lost_partitions(&self) -> Vec<(u32, String)> {
         let each = self.partitions.iter().enumerate();

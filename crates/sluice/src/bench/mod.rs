@@ -1,6 +1,7 @@
 //! `sluice bench …`: end-to-end figures, each measured beside its baseline in the same run.
 
 pub mod connections;
+pub mod metadata;
 pub mod push_baseline;
 pub mod shuffle;
 pub mod transport;
@@ -18,6 +19,9 @@ pub enum BenchCommand {
     Fetch(shuffle::ShuffleBenchArgs),
     /// Many clients at once (10, 100, 1,000 connections): throughput and server RSS per count.
     Connections(connections::ConnArgs),
+    /// A wide shuffle's metadata (2,000 maps x 10,000 partitions): server, coordinator and
+    /// client memory, and the commit's time.
+    Metadata(metadata::MetadataArgs),
     /// Read a committed shuffle of a running cluster with the Rust client (bench/jvm's baseline).
     #[command(hide = true)]
     Read(shuffle::ReadArgs),
@@ -37,6 +41,10 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Push(args) => runtime()?.block_on(shuffle::push(args)),
         BenchCommand::Fetch(args) => runtime()?.block_on(shuffle::fetch(args)),
         BenchCommand::Connections(args) => runtime()?.block_on(connections::run(args)),
+        BenchCommand::Metadata(args) => {
+            metadata::before_runtime();
+            runtime()?.block_on(metadata::run(args))
+        }
         BenchCommand::PushSink(args) => push_baseline::run_sink(args),
         BenchCommand::Read(args) => runtime()?.block_on(shuffle::read(args)),
     }

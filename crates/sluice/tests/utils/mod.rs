@@ -247,7 +247,12 @@ pub async fn register_direct(
     num_maps: u32,
 ) -> Result<(), ClientError> {
     for addr in addrs_of(a) {
-        client.request(addr, RegisterApp { app_id: client.app_id().into() }.into()).await?;
+        client
+            .request(
+                addr,
+                RegisterApp { app_id: client.app_id().into(), ..Default::default() }.into(),
+            )
+            .await?;
         client
             .request(
                 addr,

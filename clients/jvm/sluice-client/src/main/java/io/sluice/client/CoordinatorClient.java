@@ -69,9 +69,17 @@ public final class CoordinatorClient {
     this.coordinators = List.copyOf(coordinators);
   }
 
-  /** Registers the application on the coordinator. */
+  /** Registers the application on the coordinator, with no user. */
   public void registerApp(String appId) {
-    expectOk(callCoordinator(new RegisterApp(appId)));
+    registerApp(appId, "");
+  }
+
+  /**
+   * Registers the application on the coordinator; {@code user} is the user it runs as (empty:
+   * none), whose quotas it counts against on the servers.
+   */
+  public void registerApp(String appId, String user) {
+    expectOk(callCoordinator(new RegisterApp(appId, user)));
   }
 
   /**
@@ -193,7 +201,16 @@ public final class CoordinatorClient {
    */
   public void registerShuffleOnServers(
       String appId, ShuffleAssignment a, int numMaps, int replication) {
-    onAllServers(a.servers(), new RegisterApp(appId))
+    registerShuffleOnServers(appId, "", a, numMaps, replication);
+  }
+
+  /**
+   * As {@link #registerShuffleOnServers(String, ShuffleAssignment, int, int)}, telling the servers
+   * the user the application runs as (empty: none), whose quotas it counts against there.
+   */
+  public void registerShuffleOnServers(
+      String appId, String user, ShuffleAssignment a, int numMaps, int replication) {
+    onAllServers(a.servers(), new RegisterApp(appId, user))
         .forEach(CoordinatorClient::expectOk);
     onAllServers(a.servers(), new RegisterShuffle(appId, a.shuffleId(), numMaps,
         a.numPartitions(), replication)).forEach(CoordinatorClient::expectOk);

@@ -27,7 +27,8 @@ public enum ErrorCode {
   DATA_LOST(19, false, false),
   TIMEOUT(20, true, false),
   PROTOCOL_VIOLATION(21, false, true),
-  UNAUTHORIZED(22, false, false);
+  UNAUTHORIZED(22, false, false),
+  QUOTA_EXCEEDED(23, false, false);
 
   private static final ErrorCode[] BY_CODE = new ErrorCode[values().length + 1];
 

@@ -164,7 +164,7 @@ class RoundTripTest {
       case REGISTER_SERVER -> new RegisterServer(str(r), str(r), u16(r), r.nextLong(), r.nextLong());
       case SERVER_HEARTBEAT -> new ServerHeartbeat(str(r), str(r), u16(r), r.nextLong(),
           r.nextLong(), r.nextLong(), r.nextInt(), r.nextLong(), r.nextInt());
-      case REGISTER_APP -> new RegisterApp(str(r));
+      case REGISTER_APP -> new RegisterApp(str(r), str(r));
       case AUTH_CHALLENGE -> new AuthChallenge(str(r));
       case AUTH_PROOF -> new AuthProof(str(r));
       case APP_HEARTBEAT -> new AppHeartbeat(str(r));

@@ -41,6 +41,8 @@ final class SluiceDriver implements AutoCloseable {
   private final AtomicInteger nextWireShuffleId = new AtomicInteger();
   private final ShuffleGenerationTable table;
   private final TransportClientFactory factory;
+  /** The user the application runs as ({@code SparkContext.sparkUser}): servers count it in quotas. */
+  private final String user;
   /**
    * Every server any generation was assigned to. Servers know an application only from what it
    * sends them and delete its data after {@code app_expiry_ms} of silence, so the heartbeat goes
@@ -48,10 +50,14 @@ final class SluiceDriver implements AutoCloseable {
    */
   private final Set<ShuffleAssignment.Server> servers = ConcurrentHashMap.newKeySet();
 
-  /** Registers the application; {@code factory} must have been made for {@code appId}. */
-  SluiceDriver(SluiceSparkConf conf, String appId, TransportClientFactory factory) {
+  /**
+   * Registers the application, run by {@code user}; {@code factory} must have been made for
+   * {@code appId}.
+   */
+  SluiceDriver(SluiceSparkConf conf, String appId, String user, TransportClientFactory factory) {
     this.conf = conf;
     this.appId = appId;
+    this.user = user;
     this.factory = factory;
     this.coordinator = new CoordinatorClient(factory);
     this.table = new ShuffleGenerationTable(new ShuffleGenerationTable.Backend() {
@@ -71,7 +77,7 @@ final class SluiceDriver implements AutoCloseable {
         unregisterGeneration(g);
       }
     });
-    coordinator.registerApp(appId);
+    coordinator.registerApp(appId, user);
     this.heartbeats = Executors.newSingleThreadScheduledExecutor(r -> {
       Thread t = new Thread(r, "sluice-app-heartbeat");
       t.setDaemon(true);
@@ -145,7 +151,7 @@ final class SluiceDriver implements AutoCloseable {
     ShuffleAssignment assignment = coordinator.registerShuffle(appId, wireId, numMaps,
         numPartitions, conf.replication());
     servers.addAll(assignment.servers());
-    coordinator.registerShuffleOnServers(appId, assignment, numMaps, conf.replication());
+    coordinator.registerShuffleOnServers(appId, user, assignment, numMaps, conf.replication());
     ShuffleGeneration g = new ShuffleGeneration(sparkShuffleId, generation, assignment, false);
     LOG.info("Registered {}: {} maps, {} partitions on {} servers", g, numMaps, numPartitions,
         assignment.servers().size());

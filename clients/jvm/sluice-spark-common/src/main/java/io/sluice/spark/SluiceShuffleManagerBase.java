@@ -6,6 +6,7 @@ import io.sluice.protocol.Ping;
 import java.util.concurrent.TimeUnit;
 import org.apache.spark.ShuffleDependency;
 import org.apache.spark.SparkConf;
+import org.apache.spark.SparkContext;
 import org.apache.spark.SparkEnv;
 import org.apache.spark.TaskContext;
 import org.apache.spark.shuffle.ShuffleHandle;
@@ -127,7 +128,9 @@ public abstract class SluiceShuffleManagerBase implements ShuffleManager {
       // With authentication the launcher fixes the id: the credential is that id's.
       String fixed = conf.client().appId();
       String appId = fixed.isEmpty() ? SluiceDriver.sluiceAppId(sparkConf.getAppId()) : fixed;
-      driver = new SluiceDriver(conf, appId, factory(appId));
+      // The driver starts at the first shuffle, so a SparkContext is running: its user.
+      String user = SparkContext.getOrCreate().sparkUser();
+      driver = new SluiceDriver(conf, appId, user, factory(appId));
       SluiceDriverEndpoint.start(env, driver);
     }
     return driver;

@@ -1,0 +1,440 @@
+//! Quotas: what one application, and one user's applications together, may hold on this server.
+//!
+//! Three kinds, each a limit in bytes (0: none), set per application by default and per user by
+//! default, with per-user overrides (`[quotas]` in the server's configuration, [`QuotaConfig`]):
+//! - `buffered_bytes`: push bodies held in the memory budget, counted from the moment memory is
+//!   reserved for a body until the last slice of it is flushed;
+//! - `disk_bytes`: bytes of the application's live shuffles accepted here: on disk, or buffered on
+//!   their way there (every accepted byte ends up in a file); freed when a shuffle is deleted;
+//! - `object_store_bytes`: bytes moved to the object-store tier ([`Quotas::moved_to_object_store`],
+//!   called when a partition moves), which no longer count as `disk_bytes`.
+//!
+//! A push is checked at admission, before its body is read and before any memory is reserved for
+//! it ([`Quotas::admit`]): an application over a quota (or whose user is) is refused with
+//! `QUOTA_EXCEEDED`, naming the quota and its limit, and takes nothing from the shared budget, so
+//! other applications' pushes are not slowed by it. The check is per server: each server counts
+//! what it holds, so an application spread over N servers may hold up to N times a limit.
+//!
+//! Why here and not at the coordinator: the server is where the bytes are counted and where the
+//! memory is taken, so it can refuse before taking it, on every push, at no extra round trip; a
+//! coordinator would see usage only through heartbeats, a second late.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde::Deserialize;
+use sluice_proto::ErrorCode;
+
+use crate::core::Refusal;
+
+/// Limits of one kind of holder, in bytes; 0: no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Bytes of push bodies held in memory.
+    pub buffered_bytes: u64,
+    /// Bytes of live shuffles stored (on disk, or buffered on their way there).
+    pub disk_bytes: u64,
+    /// Bytes moved to the object-store tier.
+    pub object_store_bytes: u64,
+}
+
+/// The `[quotas]` section of the server's configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QuotaConfig {
+    /// Limits of every application (`[quotas.app]`).
+    pub app: Limits,
+    /// Limits of every user's applications together (`[quotas.user]`).
+    pub user: Limits,
+    /// Per-user overrides of `user` (`[quotas.users.<name>]`); a field left out (0) means no
+    /// limit for that user.
+    pub users: HashMap<String, Limits>,
+}
+
+/// One quota kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `buffered_bytes`.
+    Buffered = 0,
+    /// `disk_bytes`.
+    Disk = 1,
+    /// `object_store_bytes`.
+    ObjectStore = 2,
+}
+
+impl Kind {
+    /// Every kind, in index order.
+    pub const ALL: [Kind; 3] = [Kind::Buffered, Kind::Disk, Kind::ObjectStore];
+
+    /// The kind's key in the configuration and in messages.
+    pub fn key(self) -> &'static str {
+        match self {
+            Kind::Buffered => "buffered_bytes",
+            Kind::Disk => "disk_bytes",
+            Kind::ObjectStore => "object_store_bytes",
+        }
+    }
+
+    fn limit(self, l: &Limits) -> u64 {
+        match self {
+            Kind::Buffered => l.buffered_bytes,
+            Kind::Disk => l.disk_bytes,
+            Kind::ObjectStore => l.object_store_bytes,
+        }
+    }
+}
+
+/// What an application, or a user's applications, hold now.
+#[derive(Debug, Default)]
+pub struct Usage {
+    held: [AtomicU64; 3],
+}
+
+impl Usage {
+    /// Bytes held of `kind`.
+    pub fn get(&self, kind: Kind) -> u64 {
+        self.held[kind as usize].load(Ordering::Acquire)
+    }
+
+    fn add(&self, kind: Kind, bytes: u64) {
+        self.held[kind as usize].fetch_add(bytes, Ordering::AcqRel);
+    }
+
+    fn sub(&self, kind: Kind, bytes: u64) {
+        // Saturating: a release never takes a count below zero (a shuffle recovered at start
+        // was never counted, say).
+        let _ = self.held[kind as usize]
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(v.saturating_sub(bytes)));
+    }
+}
+
+/// Where a push's bytes are counted: its application's usage and, when it has one, its user's.
+#[derive(Debug, Clone)]
+pub struct Charge {
+    app: Arc<Usage>,
+    user: Option<Arc<Usage>>,
+}
+
+impl Charge {
+    fn each(&self) -> impl Iterator<Item = &Arc<Usage>> {
+        std::iter::once(&self.app).chain(self.user.as_ref())
+    }
+
+    /// Counts `bytes` of `kind`.
+    pub fn add(&self, kind: Kind, bytes: u64) {
+        self.each().for_each(|u| u.add(kind, bytes));
+    }
+
+    /// Uncounts `bytes` of `kind`.
+    pub fn sub(&self, kind: Kind, bytes: u64) {
+        self.each().for_each(|u| u.sub(kind, bytes));
+    }
+}
+
+/// Bytes buffered on behalf of an application: uncounted when dropped (with the memory
+/// reservation that carries it, see `memory_budget`).
+#[derive(Debug)]
+pub struct BufferedCharge {
+    charge: Charge,
+    bytes: u64,
+}
+
+impl Drop for BufferedCharge {
+    fn drop(&mut self) {
+        self.charge.sub(Kind::Buffered, self.bytes);
+    }
+}
+
+#[derive(Debug, Default)]
+struct AppEntry {
+    user: String,
+    usage: Arc<Usage>,
+    /// Per shuffle: bytes accepted ([`Kind::Disk`]) and moved to the object store.
+    shuffles: HashMap<u32, [u64; 2]>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    apps: HashMap<String, AppEntry>,
+    users: HashMap<String, Arc<Usage>>,
+}
+
+/// Every application's and user's usage, and the limits.
+#[derive(Debug)]
+pub struct Quotas {
+    config: QuotaConfig,
+    state: Mutex<State>,
+    /// Pushes refused, per holder (0: application, 1: user) and [`Kind`].
+    refused: [[AtomicU64; 3]; 2],
+}
+
+impl Quotas {
+    /// Quotas with `config`'s limits.
+    pub fn new(config: QuotaConfig) -> Self {
+        Quotas { config, state: Mutex::default(), refused: Default::default() }
+    }
+
+    /// Whether any limit is set (when none is, nothing is refused).
+    fn any_limit(&self) -> bool {
+        let set = |l: &Limits| Kind::ALL.iter().any(|k| k.limit(l) > 0);
+        set(&self.config.app) || set(&self.config.user) || self.config.users.values().any(set)
+    }
+
+    /// Notes the user an application runs as (from `RegisterApp`; empty: none). The first
+    /// non-empty user stays: an application does not change users.
+    pub fn set_user(&self, app_id: &str, user: &str) {
+        if user.is_empty() {
+            return;
+        }
+        let mut s = self.state.lock();
+        let State { apps, users } = &mut *s;
+        let app = apps.entry(app_id.to_owned()).or_default();
+        if !app.user.is_empty() {
+            return;
+        }
+        app.user = user.to_owned();
+        // What the application holds already counts for its user from now on.
+        let u = users.entry(user.to_owned()).or_default();
+        for k in Kind::ALL {
+            u.add(k, app.usage.get(k));
+        }
+    }
+
+    fn charge_of(state: &mut State, app_id: &str) -> Charge {
+        let State { apps, users } = state;
+        let app = apps.entry(app_id.to_owned()).or_default();
+        let user = (!app.user.is_empty()).then(|| users.entry(app.user.clone()).or_default());
+        Charge { app: app.usage.clone(), user: user.map(|u| u.clone()) }
+    }
+
+    /// The limits of user `user`.
+    fn user_limits(&self, user: &str) -> Limits {
+        self.config.users.get(user).copied().unwrap_or(self.config.user)
+    }
+
+    /// Checks a push of `footprint` bytes in memory and `body_len` bytes of data by `app_id`,
+    /// before its body is read or memory reserved: `Ok` with the charge its buffered bytes are
+    /// to be counted under ([`Self::buffered`]), or the refusal naming the first quota it
+    /// would pass.
+    pub fn admit(&self, app_id: &str, footprint: u64, body_len: u64) -> Result<Charge, Refusal> {
+        let (charge, user) = {
+            let mut s = self.state.lock();
+            let charge = Self::charge_of(&mut s, app_id);
+            let user = s.apps.get(app_id).map(|a| a.user.clone()).unwrap_or_default();
+            (charge, user)
+        };
+        if !self.any_limit() {
+            return Ok(charge);
+        }
+        let adding = |k: Kind| match k {
+            Kind::Buffered => footprint,
+            Kind::Disk => body_len,
+            Kind::ObjectStore => 0,
+        };
+        let over = |usage: &Usage, limits: &Limits, k: Kind| {
+            let limit = k.limit(limits);
+            let now = usage.get(k);
+            // Object store bytes are not added by a push: at the limit, no more pushes.
+            let past = if k == Kind::ObjectStore { now >= limit } else { now + adding(k) > limit };
+            (limit > 0 && past).then_some((limit, now))
+        };
+        for k in Kind::ALL {
+            if let Some((limit, now)) = over(&charge.app, &self.config.app, k) {
+                self.refused[0][k as usize].fetch_add(1, Ordering::Relaxed);
+                return Err(Refusal::new(
+                    ErrorCode::QuotaExceeded,
+                    format!(
+                        "application {app_id} is over its quota app.{}: limit {limit} bytes \
+                         ({now} held, a push of {} more)",
+                        k.key(),
+                        adding(k)
+                    ),
+                ));
+            }
+            if let Some(u) = &charge.user {
+                if let Some((limit, now)) = over(u, &self.user_limits(&user), k) {
+                    self.refused[1][k as usize].fetch_add(1, Ordering::Relaxed);
+                    return Err(Refusal::new(
+                        ErrorCode::QuotaExceeded,
+                        format!(
+                            "user {user} (application {app_id}) is over its quota user.{}: \
+                             limit {limit} bytes ({now} held by the user's applications, a push \
+                             of {} more)",
+                            k.key(),
+                            adding(k)
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(charge)
+    }
+
+    /// Counts `bytes` buffered under `charge` until the returned guard is dropped.
+    pub fn buffered(charge: Charge, bytes: u64) -> BufferedCharge {
+        charge.add(Kind::Buffered, bytes);
+        BufferedCharge { charge, bytes }
+    }
+
+    /// Counts `bytes` of shuffle `shuffle_id` of `app_id` accepted (stored, or on their way).
+    pub fn accepted(&self, app_id: &str, shuffle_id: u32, bytes: u64) {
+        let mut s = self.state.lock();
+        let charge = Self::charge_of(&mut s, app_id);
+        if let Some(a) = s.apps.get_mut(app_id) {
+            a.shuffles.entry(shuffle_id).or_default()[0] += bytes;
+        }
+        charge.add(Kind::Disk, bytes);
+    }
+
+    /// The object-store tier's hook: `bytes` of a shuffle moved from local disk to the object
+    /// store (they stop counting as `disk_bytes` and count as `object_store_bytes`), called
+    /// when a partition's data is served from the store (`ServerState::offload_partition`).
+    pub fn moved_to_object_store(&self, app_id: &str, shuffle_id: u32, bytes: u64) {
+        let mut s = self.state.lock();
+        let charge = Self::charge_of(&mut s, app_id);
+        let Some(a) = s.apps.get_mut(app_id) else { return };
+        let sh = a.shuffles.entry(shuffle_id).or_default();
+        let moved = bytes.min(sh[0]);
+        sh[0] -= moved;
+        sh[1] += bytes;
+        charge.sub(Kind::Disk, moved);
+        charge.add(Kind::ObjectStore, bytes);
+    }
+
+    /// Uncounts a deleted shuffle's bytes.
+    pub fn shuffle_deleted(&self, app_id: &str, shuffle_id: u32) {
+        let mut s = self.state.lock();
+        let charge = Self::charge_of(&mut s, app_id);
+        let Some(a) = s.apps.get_mut(app_id) else { return };
+        if let Some([disk, object]) = a.shuffles.remove(&shuffle_id) {
+            charge.sub(Kind::Disk, disk);
+            charge.sub(Kind::ObjectStore, object);
+        }
+    }
+
+    /// Forgets a removed application (its shuffles were deleted: their bytes are uncounted).
+    pub fn app_removed(&self, app_id: &str) {
+        let ids: Vec<u32> = {
+            let s = self.state.lock();
+            s.apps.get(app_id).map(|a| a.shuffles.keys().copied().collect()).unwrap_or_default()
+        };
+        for id in ids {
+            self.shuffle_deleted(app_id, id);
+        }
+        let mut s = self.state.lock();
+        if let Some(a) = s.apps.remove(app_id) {
+            // Buffered bytes still counted leave with their flushes (the guards hold the usage).
+            if !a.user.is_empty() && !s.apps.values().any(|o| o.user == a.user) {
+                s.users.remove(&a.user);
+            }
+        }
+    }
+
+    /// Usage of an application (`None`: unknown).
+    #[cfg(test)]
+    pub fn app_usage(&self, app_id: &str) -> Option<Arc<Usage>> {
+        self.state.lock().apps.get(app_id).map(|a| a.usage.clone())
+    }
+
+    /// Usage of a user's applications together (`None`: unknown).
+    #[cfg(test)]
+    pub fn user_usage(&self, user: &str) -> Option<Arc<Usage>> {
+        self.state.lock().users.get(user).cloned()
+    }
+
+    /// Pushes refused so far, as (`app.<kind>` or `user.<kind>`, count), every quota listed.
+    pub fn refusals(&self) -> Vec<(String, u64)> {
+        let mut out = Vec::new();
+        for (h, holder) in ["app", "user"].iter().enumerate() {
+            for k in Kind::ALL {
+                let n = self.refused[h][k as usize].load(Ordering::Relaxed);
+                out.push((format!("{holder}.{}", k.key()), n));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(buffered: u64, disk: u64, object: u64) -> Limits {
+        Limits { buffered_bytes: buffered, disk_bytes: disk, object_store_bytes: object }
+    }
+
+    #[test]
+    fn no_limits_refuse_nothing() {
+        let q = Quotas::new(QuotaConfig::default());
+        let c = q.admit("a", u64::MAX / 4, u64::MAX / 4).unwrap();
+        let _held = Quotas::buffered(c, 1 << 40);
+        assert!(q.admit("a", 1 << 40, 1 << 40).is_ok());
+    }
+
+    #[test]
+    fn app_quotas_refuse_before_the_limit_is_passed_and_free_on_release() {
+        let q = Quotas::new(QuotaConfig { app: limits(100, 1000, 0), ..Default::default() });
+        let c = q.admit("a", 60, 60).unwrap();
+        let held = Quotas::buffered(c, 60);
+        let r = q.admit("a", 60, 10).unwrap_err();
+        assert_eq!(r.code(), ErrorCode::QuotaExceeded);
+        assert!(r.reason().contains("app.buffered_bytes: limit 100 bytes"), "{}", r.reason());
+        assert!(q.admit("b", 60, 60).is_ok(), "another application has its own quota");
+        drop(held);
+        assert_eq!(q.app_usage("a").unwrap().get(Kind::Buffered), 0);
+        assert!(q.admit("a", 60, 60).is_ok());
+        q.accepted("a", 1, 950);
+        let r = q.admit("a", 10, 60).unwrap_err();
+        assert!(
+            r.reason().contains("app.disk_bytes: limit 1000 bytes (950 held"),
+            "{}",
+            r.reason()
+        );
+        q.shuffle_deleted("a", 1);
+        assert!(q.admit("a", 10, 60).is_ok(), "a deleted shuffle's bytes are freed");
+        let refusals = q.refusals();
+        assert!(refusals.contains(&("app.buffered_bytes".into(), 1)), "{refusals:?}");
+        assert!(refusals.contains(&("app.disk_bytes".into(), 1)), "{refusals:?}");
+    }
+
+    #[test]
+    fn a_user_quota_is_shared_by_the_users_applications_and_overridable() {
+        let mut users = HashMap::new();
+        users.insert("big".to_owned(), limits(0, 10_000, 0));
+        let q = Quotas::new(QuotaConfig { user: limits(0, 1000, 0), users, ..Default::default() });
+        q.accepted("a1", 0, 300); // counted before its user was known: joins the user's count
+        q.set_user("a1", "alice");
+        q.set_user("a2", "alice");
+        q.set_user("a1", "mallory"); // ignored: the first user stays
+        q.accepted("a2", 0, 600);
+        assert_eq!(q.user_usage("alice").unwrap().get(Kind::Disk), 900);
+        let r = q.admit("a2", 1, 200).unwrap_err();
+        assert!(r.reason().contains("user alice"), "{}", r.reason());
+        assert!(r.reason().contains("user.disk_bytes: limit 1000 bytes"), "{}", r.reason());
+        assert!(q.admit("a1", 1, 200).is_err(), "the other application of the user too");
+        assert!(q.admit("b", 1, 200).is_ok(), "no user: no user quota");
+        q.set_user("c", "big");
+        q.accepted("c", 0, 5000);
+        assert!(q.admit("c", 1, 200).is_ok(), "an override raises the user's limit");
+        q.app_removed("a1");
+        assert_eq!(q.user_usage("alice").unwrap().get(Kind::Disk), 600);
+        assert!(q.admit("a2", 1, 200).is_ok());
+    }
+
+    #[test]
+    fn object_store_bytes_move_out_of_disk_and_are_limited() {
+        let q = Quotas::new(QuotaConfig { app: limits(0, 1000, 500), ..Default::default() });
+        q.accepted("a", 3, 900);
+        q.moved_to_object_store("a", 3, 500);
+        let u = q.app_usage("a").unwrap();
+        assert_eq!((u.get(Kind::Disk), u.get(Kind::ObjectStore)), (400, 500));
+        let r = q.admit("a", 1, 1).unwrap_err();
+        assert!(r.reason().contains("app.object_store_bytes: limit 500"), "{}", r.reason());
+        q.shuffle_deleted("a", 3);
+        assert_eq!((u.get(Kind::Disk), u.get(Kind::ObjectStore)), (0, 0));
+        assert!(q.admit("a", 1, 1).is_ok());
+    }
+}
