@@ -47,6 +47,8 @@ const SERVER_METRICS: &[&str] = &[
     "sluice_server_body_buffers_allocated_total",
     "sluice_server_body_pool_kept_bytes",
     "sluice_server_memory_used_bytes",
+    "sluice_server_metadata_bytes",
+    "sluice_server_quota_refusals_total",
     "sluice_server_memory_peak_bytes",
     "sluice_server_memory_budget_bytes",
     "sluice_server_sendfile_bytes_total",
