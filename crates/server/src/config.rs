@@ -35,6 +35,11 @@ pub struct ServerConfig {
     /// A partition buffer this large is flushed as one chunk, in bytes; also the chunk size
     /// readers fetch.
     pub chunk_bytes: u64,
+    /// While the flushers have less than `chunk_bytes` to write, a partition buffer this large
+    /// is flushed already, in bytes (0: only at `chunk_bytes` or under memory pressure). Keeps
+    /// the disks busy while they have room, so a commit finds little left to write and sync;
+    /// streams still serve consecutive small chunks as one of up to `chunk_bytes`.
+    pub early_flush_bytes: u64,
     /// A partition whose data on this server reaches this many bytes is split: pushes to it are
     /// answered `PushSplit`, and its writers move on to a new part on another server (see
     /// docs/protocol.md, "Partition splits"). 0: never on size (a server whose disks are nearly
@@ -230,6 +235,7 @@ impl Default for ServerConfig {
             busy_backoff_ms: 50,
             busy_hold_ms: 100,
             chunk_bytes: 4 << 20,
+            early_flush_bytes: 64 << 10,
             split_threshold_bytes: 1 << 30,
             flushers_per_dir: 2,
             flush_write_bytes: 256 << 10,

@@ -56,8 +56,9 @@ pub fn persist(
             let d = File::open(&dir.path)?;
             rustix::fs::syncfs(&d).map_err(io::Error::from)?;
         } else {
-            for f in files {
-                f.file.sync_data().map_err(|e| context(e, &f.path))?;
+            // A file never written was never created: nothing of it to sync.
+            for (f, file) in files.iter().filter_map(|f| Some((f, f.file()?))) {
+                file.sync_data().map_err(|e| context(e, &f.path))?;
             }
         }
     }
@@ -313,7 +314,7 @@ fn open_partition_file(
             path.display()
         ));
     }
-    Ok(Arc::new(DataFile { file: Arc::new(file), dir: dir.clone(), path }))
+    Ok(Arc::new(DataFile::opened(Arc::new(file), dir.clone(), path)))
 }
 
 #[cfg(test)]

@@ -7,20 +7,57 @@
 
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
 
 use crate::core::{Deleted, FileSource, ShuffleKey};
 use crate::storage::{create_file, DataDir, Storage};
 
-/// An open partition file and the directory it is on.
+/// A partition file and the directory it is on. A new file is created by the first write to
+/// it, on a flusher thread: creating a file costs the file system an inode (half a millisecond
+/// on a busy ext4), too much for an async worker holding a partition's lock, and a wide
+/// shuffle's commit would create thousands in a row.
 #[derive(Debug)]
 pub struct DataFile {
-    /// The open file (chunk bodies are regions of it).
-    pub file: Arc<File>,
+    /// The open file (chunk bodies are regions of it), once created or taken from the pool.
+    file: OnceLock<Arc<File>>,
+    /// Held while the file is created, so that it is created once.
+    creating: Mutex<()>,
     /// The directory it is on: a write error there takes the directory out of service.
     pub dir: Arc<DataDir>,
     /// Where it is (it moves to the recycle pool when its shuffle is deleted).
     pub path: PathBuf,
+}
+
+impl DataFile {
+    /// A file that exists and is open.
+    pub fn opened(file: Arc<File>, dir: Arc<DataDir>, path: PathBuf) -> DataFile {
+        DataFile { file: OnceLock::from(file), creating: Mutex::new(()), dir, path }
+    }
+
+    /// A file to be created at `path` by the first write ([`Self::open`]).
+    pub fn to_create(dir: Arc<DataDir>, path: PathBuf) -> DataFile {
+        DataFile { file: OnceLock::new(), creating: Mutex::new(()), dir, path }
+    }
+
+    /// The open file, created now (with its directories) if it was not yet. Blocking.
+    pub fn open(&self) -> std::io::Result<&Arc<File>> {
+        if let Some(f) = self.file.get() {
+            return Ok(f);
+        }
+        let _creating = self.creating.lock();
+        if let Some(f) = self.file.get() {
+            return Ok(f);
+        }
+        let f = Arc::new(create_file(&self.path)?);
+        Ok(self.file.get_or_init(|| f))
+    }
+
+    /// The open file, if it was created (every file a chunk was written to was).
+    pub fn file(&self) -> Option<&Arc<File>> {
+        self.file.get()
+    }
 }
 
 /// How the core holds a partition file.
@@ -76,21 +113,17 @@ impl FileSource<FileRef> for Placement<'_> {
     }
 
     fn open(&self, key: &ShuffleKey, partition: u32, number: u32) -> Result<FileRef, String> {
-        loop {
-            let Some(dir) = self.storage.choose(self.avoid) else {
-                return Err(self.storage.unavailable_reason());
-            };
-            let path = shuffle_dir(&dir, key).join(format!("{partition}-{number}.data"));
-            let opened = match dir.take_recycled(&path) {
-                Some(file) => Ok(file),
-                None => create_file(&path).map(Arc::new),
-            };
-            match opened {
-                Ok(file) => return Ok(Arc::new(DataFile { file, dir, path })),
-                // The directory is out of use now; the next one is tried.
-                Err(e) => _ = note_failure(&dir, &e),
-            }
-        }
+        let Some(dir) = self.storage.choose(self.avoid) else {
+            return Err(self.storage.unavailable_reason());
+        };
+        let path = shuffle_dir(&dir, key).join(format!("{partition}-{number}.data"));
+        // A pooled file is renamed into place now; a new one is created by its first write (a
+        // failure there is a write error, which moves the partition on).
+        let file = match dir.take_recycled(&path) {
+            Some(file) => DataFile::opened(file, dir, path),
+            None => DataFile::to_create(dir, path),
+        };
+        Ok(Arc::new(file))
     }
 }
 
@@ -123,7 +156,9 @@ pub fn remove_shuffle_files(storage: &Storage, deleted: Deleted<FileRef>) {
     for f in deleted.files {
         // The pool hands a file out only once nobody else holds it (an in-flight flush plan, a
         // stream's chunk bodies), whatever else holds `f` now.
-        f.dir.recycle(f.file.clone(), &f.path);
+        if let Some(file) = f.file() {
+            f.dir.recycle(file.clone(), &f.path);
+        }
     }
     for d in storage.dirs() {
         let p = shuffle_dir(d, &deleted.key);

@@ -117,9 +117,13 @@ fn run_job(storage: &Storage, job: FlushJob, how: WriteHow, on_done: &OnFlushed)
         if shuffle.is_deleted() {
             break FlushOutcome::Dropped;
         }
-        let (file, offset) = (plan.file().file.clone(), plan.offset());
-        let e = match write_all_at(&file, plan.slices(), offset, how.write_bytes) {
-            Ok(()) => {
+        let offset = plan.offset();
+        // A new file is created by its first write (see `files`).
+        let written = plan.file().open().cloned().and_then(|file| {
+            write_all_at(&file, plan.slices(), offset, how.write_bytes).map(|()| file)
+        });
+        let e = match written {
+            Ok(file) => {
                 plan.file().dir.note_written(plan.bytes());
                 if how.writeback {
                     start_writeback(&file, offset, plan.bytes());

@@ -41,7 +41,7 @@ use sluice_proto::ErrorCode;
 
 use crate::core::{
     padded_len, Apps, ByteRange, ChunkSource, FileSource, FlushOutcome, FlushPlan, Lifecycle,
-    Shuffle, ShuffleKey, Streams,
+    Shuffle, ShuffleKey, Streams, COPY_BELOW,
 };
 use crate::memory_budget::MemoryBudget;
 
@@ -51,6 +51,8 @@ const MAPS: u32 = 2;
 const PARTITIONS: u32 = 3;
 /// Small, so pushes fill buffers and make flush plans often.
 const CHUNK_BYTES: u64 = 200;
+/// Marks a model buffer entry as a copied section (the push id in the other bits).
+const COPIED: u64 = 1 << 63;
 const STREAM_IDLE: Duration = Duration::from_secs(60);
 
 /// One thing that can happen to a shuffle, in the order a fuzzer picks.
@@ -483,8 +485,9 @@ impl Harness {
             for _ in 0..(n % 4).max(1) {
                 let id = self.next_batch;
                 self.next_batch += 1;
-                let payload: Vec<u8> =
-                    (0..len as u32 % 97).map(|i| (id.wrapping_mul(31) ^ i) as u8).collect();
+                // Now and then a section too large to copy: a slice of the body (see `buffer`).
+                let n = if len == u8::MAX { COPY_BELOW as u32 } else { len as u32 % 97 };
+                let payload: Vec<u8> = (0..n).map(|i| (id.wrapping_mul(31) ^ i) as u8).collect();
                 put_batch(&mut body, map, attempt, id, &payload);
                 ids.push(id);
                 self.batches.insert(id, PushedBatch { partition, map, attempt, acked: false });
@@ -519,7 +522,9 @@ impl Harness {
                 let pushes = self.buffered[p].drain(..).map(|x| x.0).collect();
                 self.pending.push((shuffle.clone(), plan, pushes));
             }
-            self.buffered[p].push((id, s.length as u64));
+            // A copied section holds the copy's memory, not the push's.
+            let copied = (s.length as usize) < COPY_BELOW;
+            self.buffered[p].push((if copied { id | COPIED } else { id }, s.length as u64));
             let held = held_bytes(&self.buffered[p]);
             if let Some(plan) =
                 plans.next_if(|pl| pl.partition() == s.partition_id && pl.bytes() == held)
@@ -910,14 +915,33 @@ impl Harness {
     /// The invariants that hold after every step.
     fn check(&self) {
         let step = self.step;
-        // Memory: exactly the reservations of pushes whose bytes something still holds.
+        // Memory: exactly the reservations of pushes whose slices something still holds, and
+        // those of the copies buffers and plans hold.
         let mut held: BTreeSet<u64> = BTreeSet::new();
         held.extend(self.buffered.iter().flatten().map(|x| x.0));
         held.extend(self.pending.iter().flat_map(|p| p.2.iter().copied()));
-        let want: u64 = held.iter().map(|id| self.push_bytes[id]).sum();
+        let slices: u64 =
+            held.iter().filter(|id| *id & COPIED == 0).map(|id| self.push_bytes[id]).sum();
+        let mut copies: u64 = self.pending.iter().map(|p| p.1.staged_reserved()).sum();
+        if let Some(s) = &self.shuffle {
+            for pid in 0..PARTITIONS {
+                let reserved = s.partition(pid).unwrap().staged_reserved();
+                // Copies take their bytes and at most a quarter more (1 KiB at least), per
+                // run of copies between slices.
+                let entries = &self.buffered[pid as usize];
+                let copied: u64 = entries.iter().filter(|x| x.0 & COPIED != 0).map(|x| x.1).sum();
+                let runs = 1 + entries.iter().filter(|x| x.0 & COPIED == 0).count() as u64;
+                let most = copied + runs * (copied / 4).max(1024);
+                assert!(
+                    (copied..=if copied == 0 { 0 } else { most }).contains(&reserved),
+                    "step {step}: partition {pid} reserves {reserved} for {copied} bytes copied"
+                );
+                copies += reserved;
+            }
+        }
         assert_eq!(
             self.budget.used(),
-            want,
+            slices + copies,
             "step {step}: memory accounted vs held by buffers and plans"
         );
         if let Some(s) = &self.shuffle {

@@ -173,6 +173,47 @@ impl Reservation {
         self.charge = Some(charge);
         self
     }
+
+    /// An empty reservation from the same budget, counted for the same holder (application
+    /// and user), to grow with [`Self::try_grow`]: what pays for bytes copied out of a push.
+    pub fn empty_like(&self) -> Reservation {
+        Reservation {
+            budget: self.budget.clone(),
+            bytes: 0,
+            charge: self.charge.as_ref().map(|c| c.empty_like()),
+        }
+    }
+
+    /// Reserves `bytes` more unless that would take the budget past its capacity. Unlike
+    /// [`MemoryBudget::try_reserve`] it neither pauses the budget nor stops at the busy
+    /// watermark: it pays for copies of bytes an admitted push holds already, whose own
+    /// reservation is released just after.
+    pub fn try_grow(&mut self, bytes: u64) -> bool {
+        let b = &self.budget;
+        let mut cur = b.used.load(Ordering::Relaxed);
+        loop {
+            let Some(next) = cur.checked_add(bytes).filter(|n| *n <= b.capacity) else {
+                return false;
+            };
+            match b.used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => {
+                    b.peak.fetch_max(next, Ordering::Relaxed);
+                    self.bytes += bytes;
+                    if let Some(c) = &mut self.charge {
+                        c.grow(bytes);
+                    }
+                    return true;
+                }
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Bytes it holds.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
 }
 
 impl Drop for Reservation {
@@ -228,6 +269,23 @@ mod tests {
         assert_eq!(b.peak(), 750);
         drop(r3);
         assert_eq!(b.used(), 0);
+    }
+
+    #[test]
+    fn a_grown_reservation_stays_under_capacity_and_releases_everything() {
+        let b = MemoryBudget::new(1000, 0.7, 0.9, 0.6);
+        let push = b.try_reserve(800).unwrap();
+        let mut copies = push.empty_like();
+        assert_eq!(b.used(), 800);
+        assert!(copies.try_grow(150), "past busy (900) but under capacity: a copy may");
+        assert!(!b.is_paused(), "growing never pauses the budget");
+        assert!(!copies.try_grow(51), "past the capacity");
+        assert_eq!((copies.bytes(), b.used()), (150, 950));
+        drop(push);
+        assert_eq!(b.used(), 150);
+        drop(copies);
+        assert_eq!(b.used(), 0);
+        assert_eq!(b.peak(), 950);
     }
 
     #[test]

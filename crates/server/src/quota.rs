@@ -142,6 +142,19 @@ pub struct BufferedCharge {
     bytes: u64,
 }
 
+impl BufferedCharge {
+    /// A charge of nothing yet, to the same application and user.
+    pub fn empty_like(&self) -> BufferedCharge {
+        BufferedCharge { charge: self.charge.clone(), bytes: 0 }
+    }
+
+    /// Counts `bytes` more.
+    pub fn grow(&mut self, bytes: u64) {
+        self.charge.add(Kind::Buffered, bytes);
+        self.bytes += bytes;
+    }
+}
+
 impl Drop for BufferedCharge {
     fn drop(&mut self) {
         self.charge.sub(Kind::Buffered, self.bytes);

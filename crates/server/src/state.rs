@@ -328,8 +328,15 @@ impl ServerState {
             Some(a) => (a.shuffle, Some(a.reservation)),
             None => (self.apps.shuffle(app_id, shuffle_id)?, None),
         };
-        let pushed =
-            shuffle.push(sections, &body, reservation, &Placement::for_flush(&self.storage));
+        // While the writers have next to nothing to do, buffers go to disk early: the commit
+        // then finds little left to write and sync, and memory stays free for bursts.
+        let early = match self.config.early_flush_bytes {
+            0 => u64::MAX,
+            n if self.flushing_bytes.load(Ordering::Acquire) < self.config.chunk_bytes => n,
+            _ => u64::MAX,
+        };
+        let placement = Placement::for_flush(&self.storage);
+        let pushed = shuffle.push_flushing_at(sections, &body, reservation, &placement, early);
         self.submit(&shuffle, pushed.flushes);
         if let Err(r) = &pushed.result {
             if r.code() == ErrorCode::StorageUnavailable {
@@ -476,6 +483,7 @@ impl ServerState {
         let shuffle = self.apps.shuffle(app_id, shuffle_id)?;
         let started = Instant::now();
         let begun = shuffle.begin_commit(&Placement::for_flush(&self.storage))?;
+        let handed_out = started.elapsed();
         for r in begun.lost {
             tracing::error!(shuffle = %shuffle.key(), reason = r.reason(), "partition lost at commit");
         }
@@ -493,7 +501,8 @@ impl ServerState {
         // held (`ends`) while they are cut, so the recycle pool cannot hand one out meanwhile.
         let files = shuffle.file_ends();
         if !shuffle.is_deleted() {
-            let ends: Vec<_> = files.iter().map(|(f, end)| (f.file.clone(), *end)).collect();
+            let ends: Vec<_> =
+                files.iter().filter_map(|(f, end)| Some((f.file()?.clone(), *end))).collect();
             let cut = tokio::task::spawn_blocking(move || crate::storage::cut_stale_tails(&ends))
                 .await
                 .unwrap_or(0);
@@ -502,6 +511,7 @@ impl ServerState {
             }
         }
         let partitions = shuffle.finish_commit()?;
+        let written = started.elapsed();
         if self.config.durable_commit && !shuffle.is_deleted() {
             self.make_durable(&shuffle, files.into_iter().map(|(f, _)| f).collect()).await?;
         }
@@ -512,6 +522,8 @@ impl ServerState {
             shuffle = %shuffle.key(),
             bytes = partitions.iter().map(|p| p.bytes).sum::<u64>(),
             waited_ms = waited.as_millis() as u64,
+            handed_out_ms = handed_out.as_millis() as u64,
+            written_ms = written.as_millis() as u64,
             "committed"
         );
         Ok(Response::msg(CommitResult { shuffle_id, partitions }))
@@ -542,18 +554,23 @@ impl ServerState {
         // read) and losing attempts' stay on disk.
         let body = |source: ChunkSource<'_, FileRef>, ranges: &[ByteRange]| match source {
             ChunkSource::File(f) => {
-                let regions: Vec<FileRegion> = ranges
-                    .iter()
-                    .map(|r| FileRegion::new(f.file.clone(), r.offset, r.len))
-                    .collect();
-                ChunkBody::Local(Body::from(regions))
+                // Written, so created: `None` would be a chunk of a file never written.
+                let file = f.file()?;
+                let regions: Vec<FileRegion> =
+                    ranges.iter().map(|r| FileRegion::new(file.clone(), r.offset, r.len)).collect();
+                Some(ChunkBody::Local(Body::from(regions)))
             }
-            ChunkSource::Object(key) => ChunkBody::Object {
+            ChunkSource::Object(key) => Some(ChunkBody::Object {
                 key: key.into(),
                 ranges: ranges.iter().map(|r| r.offset..r.offset + r.len).collect(),
-            },
+            }),
         };
         let (chunks, committed) = shuffle.open_stream(&o, body)?;
+        let Some(chunks) = chunks.into_iter().collect::<Option<Vec<ChunkBody>>>() else {
+            let why = format!("partition {}: a chunk in a file never written", o.partition_id);
+            tracing::error!(shuffle = %shuffle.key(), "{why}");
+            return Err(Refusal::new(ErrorCode::Internal, why));
+        };
         // Each chunk goes out as one ChunkData frame, which must fit the frames this connection
         // agreed on: a reader that proposed smaller frames than the writers used would otherwise
         // fail on the first large chunk, after the stream was opened, with no hint why.
@@ -717,9 +734,15 @@ impl ServerState {
             let key = tier.object_key(shuffle.key(), pid, n as u32, token);
             // The last file's cursor counts the page padding after its last chunk, which the
             // file may not hold: copy what it has up to there (every chunk lies inside).
-            let on_disk = f.file.metadata().map(|m| m.len()).unwrap_or(0);
+            let Some(file) = f.file() else {
+                // Never written (its first write failed and moved on): no chunk is in it, so
+                // its object is never read, and none is made.
+                keys.push(key);
+                continue;
+            };
+            let on_disk = file.metadata().map(|m| m.len()).unwrap_or(0);
             let len = (*end).min(on_disk);
-            if let Err(e) = tier.upload(f.file.clone(), &f.path, len, &key).await {
+            if let Err(e) = tier.upload(file.clone(), &f.path, len, &key).await {
                 self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
                 for k in &keys {
                     tier.delete(k).await;

@@ -43,7 +43,8 @@ async fn sixteen_writers_stay_within_the_memory_budget() {
             metrics: true,
             // Partition buffers large enough (32 × 8 MiB) that only the budget's watermarks,
             // not the chunk size, decide when data leaves memory.
-            sets: vec!["chunk_bytes=8388608".into()],
+            // No early flushes: they would keep the budget from ever filling.
+            sets: vec!["chunk_bytes=8388608".into(), "early_flush_bytes=0".into()],
             ..ServerSpec::with_coordinator(coord.addr)
         };
         let server = scratch.server(&spec);
@@ -287,8 +288,9 @@ async fn busy_then_stuck_between_resume_and_flush_watermarks() {
         let server = scratch.server(&ServerSpec {
             memory_budget_bytes: 8 << 20,
             metrics: true,
-            // The wedge is in the `Busy` path: no holding.
-            sets: vec!["busy_hold_ms=0".into()],
+            // The wedge is in the `Busy` path: no holding, and no early flushes (the pushes must
+            // fill the budget).
+            sets: vec!["busy_hold_ms=0".into(), "early_flush_bytes=0".into()],
             ..Default::default()
         });
         let c = raw(server.addr).await;

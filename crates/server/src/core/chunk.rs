@@ -215,25 +215,6 @@ impl Chunk {
     }
 }
 
-/// Groups a chunk's slices by map attempt: reorders `slices` (one per run of `runs`, same
-/// order) so each attempt's come together, in `(map, attempt)` order and, within an attempt, in
-/// the order they came; returns the chunk's runs, one per attempt. Batch order across attempts
-/// means nothing to readers (each batch names its map, attempt and batch id).
-pub fn group_by_attempt(slices: &mut Vec<Bytes>, runs: &[Run]) -> Box<[Run]> {
-    debug_assert_eq!(slices.len(), runs.len());
-    let mut pairs: Vec<(Run, Bytes)> = runs.iter().copied().zip(slices.drain(..)).collect();
-    pairs.sort_by_key(|(r, _)| (r.map_id, r.attempt_id)); // stable: each attempt's order stays
-    let mut grouped: Vec<Run> = Vec::new();
-    for (r, slice) in pairs {
-        slices.push(slice);
-        match grouped.last_mut() {
-            Some(g) if (g.map_id, g.attempt_id) == (r.map_id, r.attempt_id) => g.len += r.len,
-            _ => grouped.push(r),
-        }
-    }
-    grouped.into_boxed_slice()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,17 +276,6 @@ mod tests {
         assert_eq!(postcard::from_bytes::<Runs>(&bytes).unwrap(), enc);
         let empty = Chunk::new(0, 0, Box::new([]));
         assert!(!empty.has_map_in(0, u32::MAX));
-    }
-
-    #[test]
-    fn grouping_orders_attempts_and_keeps_each_ones_order() {
-        let b = |s: &'static str| Bytes::from_static(s.as_bytes());
-        let mut slices = vec![b("9a"), b("3a"), b("9b"), b("3x"), b("3b"), b("1a")];
-        let runs =
-            [run(9, 0, 2), run(3, 0, 2), run(9, 0, 2), run(3, 5, 2), run(3, 0, 2), run(1, 0, 2)];
-        let grouped = group_by_attempt(&mut slices, &runs);
-        assert_eq!(slices, vec![b("1a"), b("3a"), b("3b"), b("3x"), b("9a"), b("9b")]);
-        assert_eq!(&*grouped, &[run(1, 0, 2), run(3, 0, 4), run(3, 5, 2), run(9, 0, 4)]);
     }
 
     #[test]

@@ -19,6 +19,8 @@
 //! - `key`: which shuffle ([`ShuffleKey`]).
 //! - `refusal`: a request turned down, with its wire code ([`Refusal`]).
 //! - `chunk`: runs of map attempts, chunks and their byte ranges, page padding.
+//! - `buffer`: a partition's buffered bytes (slices of push bodies, copies of small sections)
+//!   and how a flush lays them out.
 //! - `partition`: a partition's buffer, files and cursors, chunk index; flush plans.
 //! - `maps`: `MapperEnd` records and which attempts a stream reads.
 //! - `record`: the commit record made durable at commit and read back at start.
@@ -28,6 +30,7 @@
 //! - `report`: read-only snapshots for operators.
 
 mod apps;
+mod buffer;
 mod chunk;
 mod key;
 mod maps;
@@ -42,6 +45,8 @@ mod streams;
 pub(crate) mod tests;
 
 pub use apps::{Apps, Deleted};
+#[cfg(any(test, feature = "fuzzing"))]
+pub use buffer::COPY_BELOW;
 #[cfg(any(test, feature = "fuzzing"))]
 pub use chunk::padded_len;
 pub use chunk::ByteRange;

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use sluice_proto::ErrorCode;
 
-use super::chunk::{group_by_attempt, padded_len, padding, ByteRange, Chunk, Run};
+use super::buffer::{Buffer, Layout};
+use super::chunk::{padded_len, ByteRange, Chunk, Run};
 use super::key::ShuffleKey;
 use super::record::PartitionRecord;
 use super::refusal::Refusal;
@@ -39,19 +40,6 @@ pub enum FlushOutcome {
     Dropped,
 }
 
-/// Bytes waiting in memory to be flushed, with the reservations that pay for them.
-#[derive(Debug, Default)]
-struct Buffer {
-    /// Pushed bytes, one slice per run of `runs`.
-    slices: Vec<Bytes>,
-    /// Which map attempt each slice's batches are of.
-    runs: Vec<Run>,
-    /// Shared by every partition a push had sections for: its memory is freed when the last of
-    /// them is flushed.
-    reservations: Vec<Arc<Reservation>>,
-    bytes: u64,
-}
-
 /// A flush the core handed out: write [`FlushPlan::slices`] at [`FlushPlan::offset`] of
 /// [`FlushPlan::file`], then give the plan back with the outcome
 /// ([`super::Shuffle::flushed`]). Holds the memory of its bytes until then.
@@ -63,8 +51,8 @@ pub struct FlushPlan<F> {
     file: F,
     offset: u64,
     data: Buffer,
-    /// Set once the slices are grouped by attempt (the order they are written in).
-    grouped: Option<Box<[Run]>>,
+    /// Set once the bytes are laid out (grouped by attempt, the order they are written in).
+    layout: Option<Layout>,
 }
 
 impl<F> FlushPlan<F> {
@@ -85,27 +73,26 @@ impl<F> FlushPlan<F> {
 
     /// How many bytes of data (the zero padding to a whole page not counted).
     pub fn bytes(&self) -> u64 {
-        self.data.bytes
+        self.data.bytes()
+    }
+
+    /// Bytes reserved for the plan's copied sections (see `buffer`).
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn staged_reserved(&self) -> u64 {
+        self.data.staged_reserved()
     }
 
     /// The bytes to write, in order, ending with the zero padding to a whole page (so a write
-    /// into a recycled file never has the kernel read a partial page). The first call sorts
-    /// them by map attempt (see [`group_by_attempt`]): do it in the writer, outside any lock.
+    /// into a recycled file never has the kernel read a partial page). The first call lays
+    /// them out by map attempt (see [`Layout`]): do it in the writer, outside any lock.
     pub fn slices(&mut self) -> &[Bytes] {
-        if self.grouped.is_none() {
-            let runs = std::mem::take(&mut self.data.runs);
-            self.grouped = Some(group_by_attempt(&mut self.data.slices, &runs));
-            let pad = padding(self.data.bytes);
-            if !pad.is_empty() {
-                self.data.slices.push(pad);
-            }
-        }
-        &self.data.slices
+        &self.layout.get_or_insert_with(|| self.data.lay_out()).slices
     }
 
     fn into_chunk(mut self) -> Chunk {
         let _ = self.slices();
-        Chunk::new(self.file_number, self.offset, self.grouped.take().unwrap_or_default())
+        let runs = self.layout.take().map(|l| l.runs).unwrap_or_default();
+        Chunk::new(self.file_number, self.offset, runs)
     }
 }
 
@@ -279,12 +266,12 @@ impl<F: Clone> Partition<F> {
     /// Bytes held: written or being written (page-padded, as the file cursors stand) and
     /// buffered. What the split threshold is compared with.
     pub fn held_bytes(&self) -> u64 {
-        self.files.iter().map(|f| f.cursor).sum::<u64>() + self.buffer.bytes
+        self.files.iter().map(|f| f.cursor).sum::<u64>() + self.buffer.bytes()
     }
 
     /// Bytes in the buffer, not yet handed to a writer.
     pub fn buffered_bytes(&self) -> u64 {
-        self.buffer.bytes
+        self.buffer.bytes()
     }
 
     /// Bytes the partition's metadata holds on the heap: its chunk index, files and the
@@ -292,13 +279,10 @@ impl<F: Clone> Partition<F> {
     /// memory budget counts).
     pub fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
-        let b = &self.buffer;
         self.chunks.capacity() * size_of::<Chunk>()
             + self.chunks.iter().map(Chunk::heap_bytes).sum::<usize>()
             + self.files.capacity() * size_of::<PartitionFile<F>>()
-            + b.slices.capacity() * size_of::<Bytes>()
-            + b.runs.capacity() * size_of::<Run>()
-            + b.reservations.capacity() * size_of::<Arc<Reservation>>()
+            + self.buffer.heap_bytes()
     }
 
     /// The chunk index.
@@ -357,14 +341,19 @@ impl<F: Clone> Partition<F> {
         len: u64,
         reservation: Option<&Arc<Reservation>>,
     ) {
-        for (slice, run) in slices {
-            self.buffer.slices.push(slice);
-            self.buffer.runs.push(run);
-        }
-        if let Some(r) = reservation {
-            self.buffer.reservations.push(r.clone());
-        }
-        self.buffer.bytes += len;
+        self.buffer.append(slices, len, reservation);
+    }
+
+    /// Copies a small section into the buffer (see `buffer`), paid for like `like`; `false`:
+    /// no room in the budget for the copy, nothing changed.
+    pub(super) fn copy_in(&mut self, data: &[u8], like: &Reservation) -> bool {
+        self.buffer.copy_in(data, like)
+    }
+
+    /// Bytes reserved for the buffer's copied sections.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn staged_reserved(&self) -> u64 {
+        self.buffer.staged_reserved()
     }
 
     /// Hands the buffer out as a flush plan at the cursor of the current file, or of a new one
@@ -376,7 +365,7 @@ impl<F: Clone> Partition<F> {
         pid: u32,
         files: &impl FileSource<F>,
     ) -> Result<Option<FlushPlan<F>>, Refusal> {
-        if self.buffer.bytes == 0 {
+        if self.buffer.bytes() == 0 {
             return Ok(None);
         }
         if self.health != Health::Storing {
@@ -384,7 +373,7 @@ impl<F: Clone> Partition<F> {
             self.buffer = Buffer::default();
             return Ok(None);
         }
-        let (file_number, file, offset) = match self.reserve(key, pid, files, self.buffer.bytes) {
+        let (file_number, file, offset) = match self.reserve(key, pid, files, self.buffer.bytes()) {
             Ok(at) => at,
             Err(why) => {
                 self.mark_lost(why.clone());
@@ -400,7 +389,7 @@ impl<F: Clone> Partition<F> {
             file,
             offset,
             data: std::mem::take(&mut self.buffer),
-            grouped: None,
+            layout: None,
         }))
     }
 
@@ -497,21 +486,23 @@ impl<F: Clone> Partition<F> {
 
     /// Of each chunk holding a map in `[start, end)`, the byte ranges of the attempts `wanted`
     /// says yes to, handed to `body` with where the chunk is (its file, or its object once the
-    /// partition moved to the object store); chunks with none are skipped.
+    /// partition moved to the object store); chunks with none are skipped. Consecutive chunks
+    /// of one file are served as one while together they hold at most `up_to` bytes: a
+    /// partition flushed in many small chunks (early, while the disks were idle) is still read
+    /// in few large ones.
     pub(super) fn serve<B>(
         &self,
         (start, end): (u32, u32),
         mut wanted: impl FnMut(u32, u32) -> bool,
+        up_to: u64,
         mut body: impl FnMut(ChunkSource<'_, F>, &[ByteRange]) -> B,
     ) -> Result<Vec<B>, Refusal> {
         let mut out = Vec::new();
-        for c in self.chunks.iter().filter(|c| c.has_map_in(start, end)) {
-            let ranges = c.ranges(&mut wanted);
-            if ranges.is_empty() {
-                continue;
-            }
+        // The served chunk being gathered: its file number, ranges and bytes.
+        let mut gathering: Option<(u32, Vec<ByteRange>, u64)> = None;
+        let mut emit = |g: (u32, Vec<ByteRange>, u64)| -> Result<B, Refusal> {
             // Never skipped silently: a chunk whose file is unknown would be data gone missing.
-            let n = c.file() as usize;
+            let n = g.0 as usize;
             let source = if self.objects.is_empty() {
                 self.files.get(n).map(|f| ChunkSource::File(&f.handle))
             } else {
@@ -519,10 +510,36 @@ impl<F: Clone> Partition<F> {
             };
             let Some(source) = source else {
                 let have = self.files.len().max(self.objects.len());
-                let why = format!("a chunk points at file {} of {have}", c.file());
+                let why = format!("a chunk points at file {} of {have}", g.0);
                 return Err(Refusal::new(ErrorCode::Internal, why));
             };
-            out.push(body(source, &ranges));
+            Ok(body(source, &g.1))
+        };
+        for c in self.chunks.iter().filter(|c| c.has_map_in(start, end)) {
+            let ranges = c.ranges(&mut wanted);
+            if ranges.is_empty() {
+                continue;
+            }
+            let len: u64 = ranges.iter().map(|r| r.len).sum();
+            match &mut gathering {
+                Some((file, held, bytes)) if *file == c.file() && *bytes + len <= up_to => {
+                    *bytes += len;
+                    for r in ranges {
+                        match held.last_mut() {
+                            Some(last) if last.offset + last.len == r.offset => last.len += r.len,
+                            _ => held.push(r),
+                        }
+                    }
+                }
+                _ => {
+                    if let Some(g) = gathering.replace((c.file(), ranges, len)) {
+                        out.push(emit(g)?);
+                    }
+                }
+            }
+        }
+        if let Some(g) = gathering {
+            out.push(emit(g)?);
         }
         Ok(out)
     }

@@ -10,6 +10,7 @@ use sluice_proto::batch::{validate_batches, BATCH_HEADER_LEN};
 use sluice_proto::message::{CommittedMap, OpenStream, PartitionSize, Section};
 use sluice_proto::ErrorCode;
 
+use super::buffer::COPY_BELOW;
 use super::chunk::{ByteRange, Chunk, Run};
 use super::key::ShuffleKey;
 use super::maps::{Ended, MapEnds};
@@ -297,7 +298,10 @@ impl<F: Clone> Shuffle<F> {
     /// Stores a push: `sections` of `body`, each a sequence of whole batches for one partition.
     /// Every section is checked (partition number, batch framing and CRCs) before any is stored:
     /// a bad batch refuses the whole push. `reservation` pays for the body's memory; it is freed
-    /// when the last partition holding a slice of it has flushed.
+    /// when the last partition holding a slice of it has flushed (small sections are copied
+    /// and free it at once, see `buffer`). A buffer is flushed when it holds the shuffle's chunk
+    /// size.
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn push(
         &self,
         sections: &[Section],
@@ -305,25 +309,35 @@ impl<F: Clone> Shuffle<F> {
         reservation: Option<Reservation>,
         files: &impl FileSource<F>,
     ) -> Pushed<F> {
-        let (mut flushes, mut stored, mut split) = (Vec::new(), 0, Vec::new());
-        let result = self.push_sections(
-            sections,
-            body,
-            reservation,
-            files,
-            (&mut flushes, &mut stored, &mut split),
-        );
-        Pushed { flushes, stored, result, split }
+        self.push_flushing_at(sections, body, reservation, files, u64::MAX)
     }
 
-    fn push_sections(
+    /// [`Self::push`], also flushing a buffer of the push's partitions that holds `early` bytes
+    /// or more: what the shell asks for while its writers are idle, so that the disks take the
+    /// data as it comes rather than all at the commit.
+    pub fn push_flushing_at(
         &self,
         sections: &[Section],
         body: &Bytes,
         reservation: Option<Reservation>,
         files: &impl FileSource<F>,
-        (flushes, stored, split): (&mut Vec<FlushPlan<F>>, &mut usize, &mut Vec<u32>),
+        early: u64,
+    ) -> Pushed<F> {
+        let mut pushed =
+            Pushed { flushes: Vec::new(), stored: 0, result: Ok(()), split: Vec::new() };
+        let data = (body, reservation, early.min(self.chunk_bytes));
+        pushed.result = self.push_sections(sections, data, files, &mut pushed);
+        pushed
+    }
+
+    fn push_sections(
+        &self,
+        sections: &[Section],
+        (body, mut reservation, flush_at): (&Bytes, Option<Reservation>, u64),
+        files: &impl FileSource<F>,
+        out: &mut Pushed<F>,
     ) -> Result<(), Refusal> {
+        let Pushed { flushes, stored, split, .. } = out;
         self.check_open()?;
         let nparts = self.num_partitions();
         // Each section's batches as runs of one map attempt (a writer is one map attempt, so one
@@ -357,7 +371,10 @@ impl<F: Clone> Shuffle<F> {
             .map_err(|e| Refusal::new(e.code(), e.to_string()))?;
             runs_end.push(runs.len());
         }
-        let reservation = reservation.map(Arc::new);
+        // Small sections are copied into their partitions' buffers (see `buffer`), paid for by
+        // reservations of their own: a body all of whose sections were copied is freed when
+        // the push returns. The rest stay slices of the body, which `shared` then pays for.
+        let mut shared: Option<Arc<Reservation>> = None;
         for (i, s) in sections.iter().enumerate() {
             let section_runs = &runs[if i == 0 { 0 } else { runs_end[i - 1] }..runs_end[i]];
             let (pid, len) = (s.partition_id, s.length as u64);
@@ -369,18 +386,29 @@ impl<F: Clone> Shuffle<F> {
             if p.buffered_bytes() > 0 && p.buffered_bytes() + len > self.chunk_bytes {
                 flushes.extend(self.take_locked(pid, &mut p, files)?);
             }
-            let mut at = s.offset as usize;
-            let slices = section_runs.iter().map(|r| {
-                let slice = body.slice(at..at + r.len as usize);
-                at += r.len as usize;
-                (slice, *r)
-            });
-            p.append(slices, len, reservation.as_ref());
+            let data = &body[s.offset as usize..(s.offset + s.length) as usize];
+            let like = reservation.as_ref().or(shared.as_deref());
+            let copied = match like {
+                Some(r) if data.len() < COPY_BELOW => p.copy_in(data, r),
+                _ => false,
+            };
+            if !copied {
+                if shared.is_none() {
+                    shared = reservation.take().map(Arc::new);
+                }
+                let mut at = s.offset as usize;
+                let slices = section_runs.iter().map(|r| {
+                    let slice = body.slice(at..at + r.len as usize);
+                    at += r.len as usize;
+                    (slice, *r)
+                });
+                p.append(slices, len, shared.as_ref());
+            }
             *stored += 1;
             if p.held_bytes() >= self.split_bytes && !split.contains(&pid) {
                 split.push(pid);
             }
-            if p.buffered_bytes() >= self.chunk_bytes {
+            if p.buffered_bytes() >= flush_at {
                 flushes.extend(self.take_locked(pid, &mut p, files)?);
             }
         }
@@ -593,7 +621,7 @@ impl<F: Clone> Shuffle<F> {
                 .binary_search_by_key(&map, |c| c.map_id)
                 .is_ok_and(|i| committed[i].attempt_id == attempt)
         };
-        let bodies = p.lock().serve(span, wanted, body)?;
+        let bodies = p.lock().serve(span, wanted, self.chunk_bytes, body)?;
         Ok((bodies, committed))
     }
 

@@ -82,7 +82,11 @@ fn a_full_buffer_becomes_a_plan_whose_chunk_is_served_after_the_commit() {
     assert_eq!((plan.partition(), *plan.file(), plan.offset(), plan.bytes()), (1, 0, 0, 220));
     assert_eq!(plan.slices().iter().map(|b| b.len()).sum::<usize>(), 4096, "padded to a page");
     assert_eq!(s.flushes_in_flight(), 1);
-    assert_eq!(budget.used(), 220, "the plan holds the memory");
+    assert_eq!(
+        budget.used(),
+        1024,
+        "the plan holds its copy's memory (a 1 KiB block), not the push's"
+    );
     assert!(s.flushed(plan, FlushOutcome::Written), "the last flush in flight");
     assert_eq!(budget.used(), 0);
     assert_eq!(s.mapper_end(0, 0, &[(1, 1)]), Ok((0, false)));

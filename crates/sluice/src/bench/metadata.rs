@@ -60,6 +60,9 @@ pub struct MetadataArgs {
     /// The server's memory budget.
     #[arg(long, default_value = "512M", value_parser = parse_size)]
     pub memory_budget: u64,
+    /// A server setting, `KEY=VALUE` (as `sluice server --set`); repeatable.
+    #[arg(long = "server-set", value_name = "KEY=VALUE")]
+    pub server_set: Vec<String>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -171,7 +174,7 @@ pub async fn run(args: MetadataArgs) -> anyhow::Result<()> {
         servers: 1,
         memory_budget_bytes: args.memory_budget,
         data_root: None,
-        server_sets: vec![vec![]],
+        server_sets: vec![args.server_set.clone()],
         tls: false,
     })?;
     let server = &cluster.servers[0];
