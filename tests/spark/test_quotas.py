@@ -3,6 +3,11 @@ servers allow each application 2 MiB on disk. An application whose job shuffles 
 its stage fails, and Spark's error names the quota and its limit. A second application, running
 at the same time (in a process of its own, mid-shuffle while the first one fails), finishes with
 the right result.
+
+Fallback (spark.sluice.fallbackOnQuota): an application whose first job hit the quota is at quota
+for the coordinator (its servers say so in their reports), which refuses its next shuffle. With
+the key on, that shuffle runs on Spark's built-in shuffle and gives the right result, and the
+driver's log says it fell back; with it off, the second job fails naming the quota.
 """
 
 import json
@@ -76,4 +81,66 @@ def test_an_app_over_its_quota_is_stopped_while_another_finishes(quota_cluster, 
         if second.poll() is None:
             second.kill()
             second.wait()
+        log.close()
+
+
+def coordinator_refusals(cluster):
+    return scrape(cluster.coordinator_metrics).get("sluice_coordinator_quota_refusals_total", 0)
+
+
+def apps_at_quota(cluster):
+    return scrape(cluster.coordinator_metrics).get('sluice_coordinator_at_quota{holder="app"}', 0)
+
+
+@pytest.mark.parametrize("fallback", [True, False], ids=["fallback-on", "fallback-off"])
+def test_a_shuffle_refused_at_quota_falls_back_to_the_built_in_shuffle_when_asked(
+        quota_cluster, spark_cluster, fallback):
+    scratch = Path(tempfile.mkdtemp(prefix="sluice-quota-fallback-"))
+    conf = {k: v for k, v in COMMON_CONF.items() if not k.startswith("spark.eventLog")}
+    conf.update(classpath_conf())
+    conf.update(sluice_conf(quota_cluster))
+    conf.update({"spark.master": spark_cluster.url, "spark.speculation": "false",
+                 "spark.sluice.fallbackOnQuota": str(fallback).lower()})
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    log_path = scratch / "driver.log"
+    log = open(log_path, "w")
+    app = subprocess.Popen([sys.executable, str(HERE / "quota_fallback_app.py"), json.dumps(conf),
+                            str(scratch)], stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+    try:
+        wait_until("the first job's end", lambda: (scratch / "first").exists() or
+                   app.poll() is not None, 180)
+        first = (scratch / "first").read_text() if (scratch / "first").exists() else ""
+        # The first job fails naming the quota, as without the fallback: its shuffle was
+        # registered (the application was not at quota yet), its pushes were refused.
+        assert "QUOTA_EXCEEDED" in first, first[:3000] or log_path.read_text()[-5000:]
+        assert f"is over its quota app.disk_bytes: limit {QUOTA} bytes" in first, first[:3000]
+        # The servers' next reports tell the coordinator; then the second job starts.
+        wait_until("the coordinator sees an application at quota",
+                   lambda: apps_at_quota(quota_cluster) >= 1, 20)
+        refused_before = coordinator_refusals(quota_cluster)
+        pushes_refused_before = refusals(quota_cluster, "app.disk_bytes")
+        (scratch / "go").touch()
+        out, _ = app.communicate(timeout=240)
+        driver_log = log_path.read_text()
+        assert app.returncode == 0, driver_log[-5000:]
+        got = json.loads(out.strip().splitlines()[-1])
+        assert coordinator_refusals(quota_cluster) >= refused_before + 1
+        if fallback:
+            assert got.get("second") == EXPECTED, got.get("second_error", got)[:3000]
+            assert "falls back to Spark's built-in shuffle (spark.sluice.fallbackOnQuota)" \
+                in driver_log, driver_log[-5000:]
+            assert "is at its quota app.disk_bytes on server" in driver_log, driver_log[-5000:]
+            # Nothing of the second job went to the servers.
+            assert refusals(quota_cluster, "app.disk_bytes") == pushes_refused_before
+        else:
+            text = got.get("second_error", "")
+            assert "second" not in got, "the second job ran without the fallback"
+            assert "QUOTA_EXCEEDED" in text, text[:3000]
+            assert "is at its quota app.disk_bytes on server" in text, text[:3000]
+            assert "falls back" not in driver_log
+    finally:
+        (scratch / "go").touch()
+        if app.poll() is None:
+            app.kill()
+            app.wait()
         log.close()
