@@ -18,19 +18,12 @@ import sys
 import time
 from pathlib import Path
 
-N = 30_000
-KEYS = 31
+from quota_app import KEYS, N, session
 
 
 def main():
     conf, scratch = json.loads(sys.argv[1]), Path(sys.argv[2])
-    from pyspark.sql import SparkSession
-
-    builder = SparkSession.builder.appName("sluice-quota-fallback")
-    for k, v in conf.items():
-        builder = builder.config(k, v)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    spark = session("sluice-quota-fallback", conf)
     sc = spark.sparkContext
     out = {}
     try:

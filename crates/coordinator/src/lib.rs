@@ -281,7 +281,7 @@ impl View {
                 if a.holder == QUOTA_HOLDER_APP && a.name == app_id {
                     return Some(format!(
                         "application {app_id} is at its quota app.{} on server {server} (limit \
-                         {limit} bytes, {held} held there; QUOTA_EXCEEDED)",
+                         {limit} bytes, {held} held there)",
                         a.quota
                     ));
                 }
@@ -289,7 +289,7 @@ impl View {
                     return Some(format!(
                         "user {} (application {app_id}) is at its quota user.{} on server \
                          {server} (limit {limit} bytes, {held} held there by the user's \
-                         applications; QUOTA_EXCEEDED)",
+                         applications)",
                         a.name, a.quota
                     ));
                 }
@@ -407,10 +407,12 @@ impl Coordinator {
                 Ok(OkMsg {}.into())
             }
             Message::RegisterApp(r) => {
+                let mut v = self.view.lock();
+                v.apps.insert(r.app_id.clone(), Instant::now());
                 if !r.user.is_empty() {
-                    self.view.lock().app_users.insert(r.app_id.clone(), r.user);
+                    v.app_users.insert(r.app_id, r.user);
                 }
-                Ok(self.app_seen(&r.app_id))
+                Ok(OkMsg {}.into())
             }
             Message::AppHeartbeat(r) => Ok(self.app_seen(&r.app_id)),
             Message::UnregisterApp(r) => {
@@ -1243,7 +1245,10 @@ mod tests {
         quota_report(&c, "s2", vec![at(QUOTA_HOLDER_APP, "hog", "disk_bytes")]);
         let m = register(&c, "hog", 1);
         let why = refused_at_quota(&m).unwrap_or_else(|| panic!("not refused: {m:?}"));
-        assert!(why.contains("application hog is at its quota app.disk_bytes on server s2"), "{why}");
+        assert!(
+            why.contains("application hog is at its quota app.disk_bytes on server s2"),
+            "{why}"
+        );
         assert!(why.contains("limit 2097152 bytes"), "{why}");
         // A retry of a shuffle registered before is answered as before; others are not held back.
         assert!(matches!(register(&c, "hog", 0), Message::Assignment(_)));
@@ -1258,7 +1263,9 @@ mod tests {
         quota_report(&c, "s1", vec![at(QUOTA_HOLDER_USER, "alice", "buffered_bytes")]);
         let why = refused_at_quota(&register(&c, "sibling", 2)).expect("sibling refused");
         assert!(
-            why.contains("user alice (application sibling) is at its quota user.buffered_bytes on server s1"),
+            why.contains(
+                "user alice (application sibling) is at its quota user.buffered_bytes on server s1"
+            ),
             "{why}"
         );
         assert!(refused_at_quota(&register(&c, "hog", 2)).is_some());

@@ -424,20 +424,7 @@ async fn send_quota_report(
 ) -> bool {
     let Some(at_quota) = state.at_quota(interval * 2) else { return true };
     let report = QuotaReport { server_id: server_id.to_owned(), at_quota };
-    let sent =
-        async { pool.get(addr).await?.request(report.into(), sluice_transport::Body::Empty).await };
-    match sent.await {
-        Ok(_) => {}
-        Err(sluice_transport::TransportError::Remote { code, .. })
-            if matches!(code, ErrorCode::UnknownMessageType | ErrorCode::InvalidRequest) =>
-        {
-            tracing::info!(coordinator = %coord, %code,
-                "coordinator does not take QuotaReport (older version); not sent again");
-            return false;
-        }
-        Err(e) => tracing::debug!(coordinator = %coord, error = %e, "quota report failed"),
-    }
-    true
+    ask_coordinator(pool, addr, coord, report.into()).await.is_ok()
 }
 
 /// Sends a [`ServerStatus`] to a coordinator and carries out the drain order in its answer.
@@ -455,26 +442,46 @@ async fn send_status(
         shuffles_held: u32::try_from(state.shuffles_held()).unwrap_or(u32::MAX),
         disks: status::disks(state).iter().map(Into::into).collect(),
     };
-    let sent =
-        async { pool.get(addr).await?.request(status.into(), sluice_transport::Body::Empty).await };
-    match sent.await.map(|r| r.message) {
-        Ok(Message::DrainOrder(o)) if o.order == DRAIN_ORDER_START && !state.is_draining() => {
+    match ask_coordinator(pool, addr, coord, status.into()).await {
+        Ok(Some(Message::DrainOrder(o)))
+            if o.order == DRAIN_ORDER_START && !state.is_draining() =>
+        {
             tracing::info!(coordinator = %coord, "drain ordered by a coordinator");
             state.start_draining();
         }
-        Ok(Message::DrainOrder(o)) if o.order == DRAIN_ORDER_STOP && state.is_draining() => {
+        Ok(Some(Message::DrainOrder(o))) if o.order == DRAIN_ORDER_STOP && state.is_draining() => {
             tracing::info!(coordinator = %coord, "drain cancelled by a coordinator");
             state.stop_draining();
         }
         Ok(_) => {}
+        Err(()) => return false,
+    }
+    true
+}
+
+/// One of the messages a server sends after its heartbeat (`ServerStatus`, `QuotaReport`):
+/// `Ok(Some(answer))`; `Ok(None)` when it failed (logged; the next heartbeat tries again);
+/// `Err(())` when the coordinator does not take it (it predates it: `UNKNOWN_MESSAGE_TYPE`).
+async fn ask_coordinator(
+    pool: &Pool,
+    addr: SocketAddr,
+    coord: &str,
+    msg: Message,
+) -> Result<Option<Message>, ()> {
+    let what = msg.msg_type().name();
+    let sent = async { pool.get(addr).await?.request(msg, sluice_transport::Body::Empty).await };
+    match sent.await {
+        Ok(r) => Ok(Some(r.message)),
         Err(sluice_transport::TransportError::Remote { code, .. })
             if matches!(code, ErrorCode::UnknownMessageType | ErrorCode::InvalidRequest) =>
         {
-            tracing::info!(coordinator = %coord, %code,
-                "coordinator does not take ServerStatus (older version); not sent again");
-            return false;
+            tracing::info!(coordinator = %coord, %code, message = what,
+                "coordinator does not take this message (older version); not sent again");
+            Err(())
         }
-        Err(e) => tracing::debug!(coordinator = %coord, error = %e, "server status failed"),
+        Err(e) => {
+            tracing::debug!(coordinator = %coord, error = %e, message = what, "failed");
+            Ok(None)
+        }
     }
-    true
 }

@@ -204,7 +204,12 @@ pub struct Quotas {
 impl Quotas {
     /// Quotas with `config`'s limits.
     pub fn new(config: QuotaConfig) -> Self {
-        Quotas { config, epoch: Instant::now(), state: Mutex::default(), refused: Default::default() }
+        Quotas {
+            config,
+            epoch: Instant::now(),
+            state: Mutex::default(),
+            refused: Default::default(),
+        }
     }
 
     fn now_ms(&self) -> u64 {

@@ -217,7 +217,8 @@ async fn refused_registration(c: &ShuffleClient, id: u32) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_coordinator_refuses_new_shuffles_of_an_app_at_quota_until_it_frees_space() {
     let scratch = Scratch::new();
-    let (coordinator, server) = cluster(&scratch, &[format!("quotas.app.disk_bytes={}", MIB)]).await;
+    let (coordinator, server) =
+        cluster(&scratch, &[format!("quotas.app.disk_bytes={}", MIB)]).await;
     let hog = app(&coordinator, "hog", "").await;
     let good = app(&coordinator, "good", "").await;
     // The hog passes its 1 MiB on the server: its pushes are refused.
