@@ -20,15 +20,21 @@ N = 30_000
 KEYS = 31
 
 
-def main():
-    conf, scratch = json.loads(sys.argv[1]), Path(sys.argv[2])
+def session(name, conf):
+    """A SparkSession named `name` with `conf`, logging warnings and worse (to stderr)."""
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.appName("sluice-quota-second")
+    builder = SparkSession.builder.appName(name)
     for k, v in conf.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def main():
+    conf, scratch = json.loads(sys.argv[1]), Path(sys.argv[2])
+    spark = session("sluice-quota-second", conf)
     try:
         def numbers(index, it):
             xs = list(it)

@@ -233,13 +233,82 @@ impl Registered {
     }
 }
 
+/// What one server last said of who is at quota there ([`QuotaReport`]).
+#[derive(Debug, Clone)]
+struct QuotaHeard {
+    at: Instant,
+    at_quota: Vec<AtQuota>,
+}
+
 #[derive(Default)]
 struct View {
     servers: HashMap<String, ServerInfo>,
     apps: HashMap<String, Instant>,
+    /// The user each application runs as, from its `RegisterApp` (those with one).
+    app_users: HashMap<String, String>,
+    /// Per server: its last [`QuotaReport`]. Only a live server's report, not older than
+    /// `server_timeout_ms`, counts: a server that stops reporting someone (or dies, or restarts)
+    /// stops holding them back.
+    quota: HashMap<String, QuotaHeard>,
+    /// Shuffle registrations refused with `QUOTA_EXCEEDED`.
+    quota_refusals: u64,
     shuffles: HashMap<(String, u32), Registered>,
     /// Parts added to split partitions here (not the ones learned from peers).
     splits_made: u64,
+}
+
+impl View {
+    /// The quota reports of servers heard from within `timeout`, themselves not older.
+    fn live_quota_reports(
+        &self,
+        timeout: Duration,
+    ) -> impl Iterator<Item = (&String, &QuotaHeard)> + '_ {
+        self.quota.iter().filter(move |(id, h)| {
+            h.at.elapsed() < timeout
+                && self.servers.get(*id).is_some_and(|s| s.last_seen.elapsed() < timeout)
+        })
+    }
+
+    /// Why `app_id` may not register a shuffle: a live server reported it, or its user, at a
+    /// quota within `timeout` (the first such report, by server id); `None`: it may.
+    fn at_quota(&self, app_id: &str, timeout: Duration) -> Option<String> {
+        let user = self.app_users.get(app_id).map(String::as_str);
+        let mut servers: Vec<(&String, &QuotaHeard)> = self.live_quota_reports(timeout).collect();
+        servers.sort_by(|a, b| a.0.cmp(b.0));
+        for (server, heard) in servers {
+            for a in &heard.at_quota {
+                let (limit, held) = (a.limit_bytes, a.held_bytes);
+                if a.holder == QUOTA_HOLDER_APP && a.name == app_id {
+                    return Some(format!(
+                        "application {app_id} is at its quota app.{} on server {server} (limit \
+                         {limit} bytes, {held} held there)",
+                        a.quota
+                    ));
+                }
+                if a.holder == QUOTA_HOLDER_USER && Some(a.name.as_str()) == user {
+                    return Some(format!(
+                        "user {} (application {app_id}) is at its quota user.{} on server \
+                         {server} (limit {limit} bytes, {held} held there by the user's \
+                         applications)",
+                        a.name, a.quota
+                    ));
+                }
+            }
+        }
+        None
+    }
+
+    /// Applications and users at a quota on a live server, as (`app`/`user`, name) pairs.
+    fn holders_at_quota(&self, timeout: Duration) -> Vec<(&'static str, String)> {
+        let mut out: Vec<(&'static str, String)> = self
+            .live_quota_reports(timeout)
+            .flat_map(|(_, h)| h.at_quota.iter())
+            .map(|a| (if a.holder == QUOTA_HOLDER_APP { "app" } else { "user" }, a.name.clone()))
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
 }
 
 /// The coordinator's state.
@@ -299,6 +368,8 @@ impl Coordinator {
         let result: Result<Message, Refused> = match msg {
             Message::Ping(_) => Ok(Pong {}.into()),
             Message::RegisterServer(r) => {
+                // A server (re)starting holds nothing yet: what it said before is void.
+                self.view.lock().quota.remove(&r.server_id);
                 self.server_seen(
                     ServerAddr { server_id: r.server_id, host: r.host, port: r.port },
                     |s| {
@@ -330,7 +401,19 @@ impl Coordinator {
                 Ok(OkMsg {}.into())
             }
             Message::ServerStatus(st) => self.server_status(st),
-            Message::RegisterApp(r) => Ok(self.app_seen(&r.app_id)),
+            Message::QuotaReport(q) => {
+                let heard = QuotaHeard { at: Instant::now(), at_quota: q.at_quota };
+                self.view.lock().quota.insert(q.server_id, heard);
+                Ok(OkMsg {}.into())
+            }
+            Message::RegisterApp(r) => {
+                let mut v = self.view.lock();
+                v.apps.insert(r.app_id.clone(), Instant::now());
+                if !r.user.is_empty() {
+                    v.app_users.insert(r.app_id, r.user);
+                }
+                Ok(OkMsg {}.into())
+            }
             Message::AppHeartbeat(r) => Ok(self.app_seen(&r.app_id)),
             Message::UnregisterApp(r) => {
                 let mut v = self.view.lock();
@@ -421,6 +504,15 @@ impl Coordinator {
         // An application registers itself when it registers a shuffle, so a restarted
         // coordinator does not refuse a job whose app heartbeat has not arrived yet.
         v.apps.insert(r.app_id.clone(), Instant::now());
+        if let Some(why) = v.at_quota(&r.app_id, timeout) {
+            v.quota_refusals += 1;
+            tracing::warn!(app = %r.app_id, shuffle = r.shuffle_id, reason = %why,
+                "shuffle registration refused: at quota");
+            return Err(refuse(
+                ErrorCode::QuotaExceeded,
+                format!("shuffle {} not registered: {why}", r.shuffle_id),
+            ));
+        }
         let mut live: Vec<ServerInfo> =
             v.servers.values().filter(|s| s.last_seen.elapsed() < timeout).cloned().collect();
         if live.is_empty() {
@@ -748,6 +840,11 @@ impl Coordinator {
             v.apps.remove(&app);
             v.shuffles.retain(|(a, _), _| *a != app);
         }
+        // Users of applications gone (unregistered, expired, forgotten), reports gone stale.
+        let View { apps, app_users, quota, .. } = &mut *v;
+        app_users.retain(|a, _| apps.contains_key(a));
+        let stale = Duration::from_millis(self.config.server_timeout_ms);
+        quota.retain(|_, h| h.at.elapsed() < stale);
     }
 
     /// Serves on `listener` until `shutdown` completes.
@@ -1097,5 +1194,108 @@ mod tests {
         assert!(c.unregister_app("stuck"));
         assert!(!c.unregister_app("stuck"));
         assert!(c.apps_report().is_empty() && c.shuffle("stuck", 7).is_none());
+    }
+
+    fn quota_report(c: &Coordinator, server: &str, at_quota: Vec<AtQuota>) {
+        let q = QuotaReport { server_id: server.into(), at_quota };
+        assert!(matches!(c.handle(q.into()), Message::Ok(_)));
+    }
+
+    fn at(holder: u8, name: &str, quota: &str) -> AtQuota {
+        AtQuota {
+            holder,
+            name: name.into(),
+            quota: quota.into(),
+            limit_bytes: 2 << 20,
+            held_bytes: 2 << 20,
+        }
+    }
+
+    fn register(c: &Coordinator, app: &str, shuffle_id: u32) -> Message {
+        let reg = RegisterShuffle {
+            app_id: app.into(),
+            shuffle_id,
+            num_maps: 2,
+            num_partitions: 4,
+            replication: 1,
+        };
+        c.handle(reg.into())
+    }
+
+    fn refused_at_quota(m: &Message) -> Option<String> {
+        match m {
+            Message::Error(e) if e.code == ErrorCode::QuotaExceeded.as_u16() => {
+                Some(e.message.clone())
+            }
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn an_app_or_user_at_quota_on_a_server_gets_no_new_shuffle_until_the_server_stops_saying_so() {
+        let c = Coordinator::new(CoordinatorConfig::default()).unwrap();
+        beat(&c, "s1", 1, 1 << 30);
+        beat(&c, "s2", 2, 1 << 30);
+        for (app, user) in [("hog", "alice"), ("sibling", "alice"), ("other", "bob")] {
+            let r = RegisterApp { app_id: app.into(), user: user.into() };
+            assert!(matches!(c.handle(r.into()), Message::Ok(_)));
+        }
+        assert!(matches!(register(&c, "hog", 0), Message::Assignment(_)));
+        quota_report(&c, "s1", Vec::new());
+        quota_report(&c, "s2", vec![at(QUOTA_HOLDER_APP, "hog", "disk_bytes")]);
+        let m = register(&c, "hog", 1);
+        let why = refused_at_quota(&m).unwrap_or_else(|| panic!("not refused: {m:?}"));
+        assert!(
+            why.contains("application hog is at its quota app.disk_bytes on server s2"),
+            "{why}"
+        );
+        assert!(why.contains("limit 2097152 bytes"), "{why}");
+        // A retry of a shuffle registered before is answered as before; others are not held back.
+        assert!(matches!(register(&c, "hog", 0), Message::Assignment(_)));
+        assert!(matches!(register(&c, "sibling", 1), Message::Assignment(_)));
+        assert!(matches!(register(&c, "other", 1), Message::Assignment(_)));
+        assert!(c.metrics().contains("sluice_coordinator_quota_refusals_total 1\n"));
+        assert!(c.metrics().contains("sluice_coordinator_at_quota{holder=\"app\"} 1\n"));
+        // The server stops saying it: registrations go through again.
+        quota_report(&c, "s2", Vec::new());
+        assert!(matches!(register(&c, "hog", 1), Message::Assignment(_)));
+        // A user at quota holds back every application of that user, named in the message.
+        quota_report(&c, "s1", vec![at(QUOTA_HOLDER_USER, "alice", "buffered_bytes")]);
+        let why = refused_at_quota(&register(&c, "sibling", 2)).expect("sibling refused");
+        assert!(
+            why.contains(
+                "user alice (application sibling) is at its quota user.buffered_bytes on server s1"
+            ),
+            "{why}"
+        );
+        assert!(refused_at_quota(&register(&c, "hog", 2)).is_some());
+        assert!(matches!(register(&c, "other", 2), Message::Assignment(_)));
+        // A restarted server's registration voids what it said before.
+        let r = RegisterServer {
+            server_id: "s1".into(),
+            host: "h".into(),
+            port: 1,
+            memory_budget_bytes: 10,
+            disk_capacity_bytes: 1 << 30,
+        };
+        assert!(matches!(c.handle(r.into()), Message::Ok(_)));
+        assert!(matches!(register(&c, "sibling", 2), Message::Assignment(_)));
+        assert!(c.metrics().contains("sluice_coordinator_quota_refusals_total 3\n"));
+    }
+
+    #[test]
+    fn a_quota_report_of_a_lost_server_holds_nothing_back() {
+        let config = CoordinatorConfig { server_timeout_ms: 200, ..Default::default() };
+        let c = Coordinator::new(config).unwrap();
+        beat(&c, "s1", 1, 1 << 30);
+        beat(&c, "s2", 2, 1 << 30);
+        quota_report(&c, "s1", vec![at(QUOTA_HOLDER_APP, "hog", "disk_bytes")]);
+        assert!(refused_at_quota(&register(&c, "hog", 0)).is_some());
+        // s1 dies (no heartbeat past the timeout) while s2 goes on.
+        std::thread::sleep(Duration::from_millis(250));
+        beat(&c, "s2", 2, 1 << 30);
+        assert!(matches!(register(&c, "hog", 0), Message::Assignment(_)));
+        c.expire();
+        assert!(c.view.lock().quota.is_empty(), "a stale report is dropped");
     }
 }

@@ -276,14 +276,17 @@ impl Coordinator {
     }
 
     /// Prometheus text of the coordinator's gauges: live servers, servers by state,
-    /// applications and shuffles registered.
+    /// applications and shuffles registered, applications and users at quota; and counters:
+    /// splits made, shuffle registrations refused at quota.
     pub fn metrics(&self) -> String {
         let live = self.live_servers().len();
         let servers = self.servers_report();
         let count = |st: ServerState| servers.iter().filter(|s| s.state == st).count();
-        let (apps, shuffles, splits) = {
+        let timeout = Duration::from_millis(self.config.server_timeout_ms);
+        let (apps, shuffles, splits, refusals, at_quota) = {
             let view = self.view.lock();
-            (view.apps.len(), view.shuffles.len(), view.splits_made)
+            let at_quota = view.holders_at_quota(timeout);
+            (view.apps.len(), view.shuffles.len(), view.splits_made, view.quota_refusals, at_quota)
         };
         let mut out = format!(
             "# TYPE sluice_coordinator_live_servers gauge\nsluice_coordinator_live_servers {live}\n"
@@ -301,6 +304,15 @@ impl Coordinator {
         out.push_str(&format!(
             "# TYPE sluice_coordinator_splits_total counter\nsluice_coordinator_splits_total {splits}\n"
         ));
+        out.push_str(&format!(
+            "# TYPE sluice_coordinator_quota_refusals_total counter\n\
+             sluice_coordinator_quota_refusals_total {refusals}\n"
+        ));
+        out.push_str("# TYPE sluice_coordinator_at_quota gauge\n");
+        for holder in ["app", "user"] {
+            let n = at_quota.iter().filter(|(h, _)| *h == holder).count();
+            out.push_str(&format!("sluice_coordinator_at_quota{{holder=\"{holder}\"}} {n}\n"));
+        }
         out
     }
 

@@ -25,6 +25,10 @@ pub const DRAIN_ORDER_NONE: u8 = 0;
 pub const DRAIN_ORDER_START: u8 = 1;
 /// [`DrainOrder::order`]: stop draining (take new partitions again).
 pub const DRAIN_ORDER_STOP: u8 = 2;
+/// [`AtQuota::holder`]: an application.
+pub const QUOTA_HOLDER_APP: u8 = 0;
+/// [`AtQuota::holder`]: a user (all of the user's applications together).
+pub const QUOTA_HOLDER_USER: u8 = 1;
 
 wire_struct! {
     /// First frame of every connection, client → server.
@@ -164,6 +168,36 @@ wire_struct! {
         /// [`DRAIN_ORDER_NONE`], [`DRAIN_ORDER_START`] or [`DRAIN_ORDER_STOP`]; other values are
         /// malformed.
         pub order: u8,
+    }
+}
+wire_struct! {
+    /// One application or user at one of a server's quotas, as [`QuotaReport`] lists it.
+    pub struct AtQuota {
+        /// [`QUOTA_HOLDER_APP`] or [`QUOTA_HOLDER_USER`]; other values are malformed.
+        pub holder: u8,
+        /// The application's id or the user's name.
+        pub name: String,
+        /// The quota's kind: `buffered_bytes`, `disk_bytes` or `object_store_bytes` (with the
+        /// holder, `app.disk_bytes`, …).
+        pub quota: String,
+        /// The quota's limit on that server.
+        pub limit_bytes: u64,
+        /// What the holder holds there now (below the limit when a push was refused because
+        /// it would have passed it).
+        pub held_bytes: u64,
+    }
+}
+wire_struct! {
+    /// Who is at quota on a server, after each heartbeat of a server that has quotas: every
+    /// application and user whose usage reached a limit, or a push of which was refused for
+    /// one recently (docs/operations.md#quotas). Answered `Ok`. The list replaces the server's
+    /// previous one; a coordinator refuses new shuffles of those applications (and of those
+    /// users' applications) with `QUOTA_EXCEEDED`.
+    pub struct QuotaReport {
+        /// The server's stable name, as in its heartbeat.
+        pub server_id: String,
+        /// Every application and user at a quota there (empty: none).
+        pub at_quota: Vec<AtQuota>,
     }
 }
 wire_struct! {
@@ -605,6 +639,7 @@ messages! {
     20 => UnregisterShuffle(UnregisterShuffle) body=false,
     21 => ServerStatus(ServerStatus) body=false,
     22 => DrainOrder(DrainOrder) body=false,
+    23 => QuotaReport(QuotaReport) body=false,
     25 => ShuffleSync(ShuffleSync) body=false,
     26 => SplitPartition(SplitPartition) body=false,
     27 => GetSplits(GetSplits) body=false,
@@ -715,6 +750,9 @@ impl Message {
             Message::DrainOrder(d) if d.order > DRAIN_ORDER_STOP => {
                 return Err(ProtoError::Malformed("unknown drain order"));
             }
+            Message::QuotaReport(q) if q.at_quota.iter().any(|a| a.holder > QUOTA_HOLDER_USER) => {
+                return Err(ProtoError::Malformed("unknown quota holder"));
+            }
             _ => {}
         }
         Ok(())
@@ -764,6 +802,7 @@ impl Message {
             Message::RegisterServer(_)
                 | Message::ServerHeartbeat(_)
                 | Message::ServerStatus(_)
+                | Message::QuotaReport(_)
                 | Message::ShuffleSync(_)
                 | Message::Splits(_)
         )
@@ -829,6 +868,7 @@ mod tests {
                 s.disks.iter_mut().for_each(|d| d.state %= DISK_FAILED + 1);
             }
             Message::DrainOrder(d) => d.order %= DRAIN_ORDER_STOP + 1,
+            Message::QuotaReport(q) => q.at_quota.iter_mut().for_each(|a| a.holder &= 1),
             Message::SplitPartition(r) => r.known_parts = r.known_parts.max(1),
             Message::Splits(s) => s.partitions.iter_mut().for_each(|p| {
                 if p.parts.is_empty() {
@@ -872,6 +912,6 @@ mod tests {
             assert!(seen.insert(*t as u8));
             assert_eq!(MsgType::from_u8(*t as u8), Some(*t));
         }
-        assert_eq!(seen.len(), 37);
+        assert_eq!(seen.len(), 38);
     }
 }

@@ -51,7 +51,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use sluice_proto::message::{
-    Message, RegisterServer, ServerHeartbeat, ServerStatus, DRAIN_ORDER_START, DRAIN_ORDER_STOP,
+    Message, QuotaReport, RegisterServer, ServerHeartbeat, ServerStatus, DRAIN_ORDER_START,
+    DRAIN_ORDER_STOP,
 };
 use sluice_proto::ErrorCode;
 use sluice_transport::{
@@ -330,7 +331,7 @@ fn identity(state: &ServerState, local: SocketAddr) -> Identity {
 /// Registers with one coordinator, then heartbeats to it forever; a coordinator that is down
 /// or restarting is retried at the next interval (a restarted one learns us from the heartbeat).
 /// After each heartbeat, a [`ServerStatus`] whose answer may order a drain (see
-/// [`send_status`]).
+/// [`send_status`]), and, with quotas set, a [`QuotaReport`] (see [`send_quota_report`]).
 async fn heartbeat_loop(
     state: Arc<ServerState>,
     transport: Arc<TransportStats>,
@@ -346,6 +347,8 @@ async fn heartbeat_loop(
     let mut registered = false;
     // Whether this coordinator takes `ServerStatus` (one that predates it refuses it).
     let mut takes_status = true;
+    // Whether it takes `QuotaReport` (the same way).
+    let mut takes_quota_report = true;
     let mut last_pushed = 0u64;
     let interval = Duration::from_millis(state.config().heartbeat_interval_ms);
     let mut tick = tokio::time::interval(interval);
@@ -394,13 +397,34 @@ async fn heartbeat_loop(
                 registered = false;
                 // A restarted coordinator may be a newer one: ask it again.
                 takes_status = true;
+                takes_quota_report = true;
                 continue;
             }
         }
         if takes_status {
             takes_status = send_status(&state, &pool, addr, &coord, &server_id).await;
         }
+        if takes_quota_report {
+            takes_quota_report =
+                send_quota_report(&state, &pool, addr, &coord, &server_id, interval).await;
+        }
     }
+}
+
+/// Tells a coordinator who is at quota here (nothing when no quota is set). A push refused for
+/// `buffered_bytes` counts for two heartbeat intervals (`Quotas::at_quota`). Returns `false`
+/// when the coordinator does not take the message (it predates it).
+async fn send_quota_report(
+    state: &ServerState,
+    pool: &Pool,
+    addr: SocketAddr,
+    coord: &str,
+    server_id: &str,
+    interval: Duration,
+) -> bool {
+    let Some(at_quota) = state.at_quota(interval * 2) else { return true };
+    let report = QuotaReport { server_id: server_id.to_owned(), at_quota };
+    ask_coordinator(pool, addr, coord, report.into()).await.is_ok()
 }
 
 /// Sends a [`ServerStatus`] to a coordinator and carries out the drain order in its answer.
@@ -418,26 +442,46 @@ async fn send_status(
         shuffles_held: u32::try_from(state.shuffles_held()).unwrap_or(u32::MAX),
         disks: status::disks(state).iter().map(Into::into).collect(),
     };
-    let sent =
-        async { pool.get(addr).await?.request(status.into(), sluice_transport::Body::Empty).await };
-    match sent.await.map(|r| r.message) {
-        Ok(Message::DrainOrder(o)) if o.order == DRAIN_ORDER_START && !state.is_draining() => {
+    match ask_coordinator(pool, addr, coord, status.into()).await {
+        Ok(Some(Message::DrainOrder(o)))
+            if o.order == DRAIN_ORDER_START && !state.is_draining() =>
+        {
             tracing::info!(coordinator = %coord, "drain ordered by a coordinator");
             state.start_draining();
         }
-        Ok(Message::DrainOrder(o)) if o.order == DRAIN_ORDER_STOP && state.is_draining() => {
+        Ok(Some(Message::DrainOrder(o))) if o.order == DRAIN_ORDER_STOP && state.is_draining() => {
             tracing::info!(coordinator = %coord, "drain cancelled by a coordinator");
             state.stop_draining();
         }
         Ok(_) => {}
+        Err(()) => return false,
+    }
+    true
+}
+
+/// One of the messages a server sends after its heartbeat (`ServerStatus`, `QuotaReport`):
+/// `Ok(Some(answer))`; `Ok(None)` when it failed (logged; the next heartbeat tries again);
+/// `Err(())` when the coordinator does not take it (it predates it: `UNKNOWN_MESSAGE_TYPE`).
+async fn ask_coordinator(
+    pool: &Pool,
+    addr: SocketAddr,
+    coord: &str,
+    msg: Message,
+) -> Result<Option<Message>, ()> {
+    let what = msg.msg_type().name();
+    let sent = async { pool.get(addr).await?.request(msg, sluice_transport::Body::Empty).await };
+    match sent.await {
+        Ok(r) => Ok(Some(r.message)),
         Err(sluice_transport::TransportError::Remote { code, .. })
             if matches!(code, ErrorCode::UnknownMessageType | ErrorCode::InvalidRequest) =>
         {
-            tracing::info!(coordinator = %coord, %code,
-                "coordinator does not take ServerStatus (older version); not sent again");
-            return false;
+            tracing::info!(coordinator = %coord, %code, message = what,
+                "coordinator does not take this message (older version); not sent again");
+            Err(())
         }
-        Err(e) => tracing::debug!(coordinator = %coord, error = %e, "server status failed"),
+        Err(e) => {
+            tracing::debug!(coordinator = %coord, error = %e, message = what, "failed");
+            Ok(None)
+        }
     }
-    true
 }

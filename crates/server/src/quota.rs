@@ -22,9 +22,11 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde::Deserialize;
+use sluice_proto::message::{AtQuota, QUOTA_HOLDER_APP, QUOTA_HOLDER_USER};
 use sluice_proto::ErrorCode;
 
 use crate::core::Refusal;
@@ -87,10 +89,14 @@ impl Kind {
     }
 }
 
-/// What an application, or a user's applications, hold now.
+/// What an application, or a user's applications, hold now, and when a push of theirs was last
+/// refused for each kind.
 #[derive(Debug, Default)]
 pub struct Usage {
     held: [AtomicU64; 3],
+    /// Per kind: 0, or 1 + the milliseconds since [`Quotas`]' start when a push was last refused
+    /// for it. Cleared for `disk_bytes` and `object_store_bytes` when bytes of the kind are freed.
+    refused_at: [AtomicU64; 3],
 }
 
 impl Usage {
@@ -108,6 +114,28 @@ impl Usage {
         // was never counted, say).
         let _ = self.held[kind as usize]
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(v.saturating_sub(bytes)));
+        // Stored bytes freed (a shuffle deleted, moved to the store): a push refused before may
+        // fit now. Buffered bytes are freed at every flush: their refusals age out instead.
+        if kind != Kind::Buffered && bytes > 0 {
+            self.refused_at[kind as usize].store(0, Ordering::Release);
+        }
+    }
+
+    fn mark_refused(&self, kind: Kind, now_ms: u64) {
+        self.refused_at[kind as usize].store(now_ms + 1, Ordering::Release);
+    }
+
+    /// Whether the holder is at its `limit` of `kind` (0: none): it holds that much, or a push of
+    /// its was refused for the kind and nothing of it was freed since (`disk_bytes`,
+    /// `object_store_bytes`), or within `window_ms` (`buffered_bytes`).
+    fn at_limit(&self, kind: Kind, limit: u64, now_ms: u64, window_ms: u64) -> bool {
+        if limit == 0 {
+            return false;
+        }
+        let refused = self.refused_at[kind as usize].load(Ordering::Acquire);
+        let recent = refused > 0
+            && (kind != Kind::Buffered || now_ms.saturating_sub(refused - 1) <= window_ms);
+        self.get(kind) >= limit || recent
     }
 }
 
@@ -179,6 +207,8 @@ struct State {
 #[derive(Debug)]
 pub struct Quotas {
     config: QuotaConfig,
+    /// The origin of the refusal times ([`Usage`]).
+    epoch: Instant,
     state: Mutex<State>,
     /// Pushes refused, per holder (0: application, 1: user) and [`Kind`].
     refused: [[AtomicU64; 3]; 2],
@@ -187,11 +217,21 @@ pub struct Quotas {
 impl Quotas {
     /// Quotas with `config`'s limits.
     pub fn new(config: QuotaConfig) -> Self {
-        Quotas { config, state: Mutex::default(), refused: Default::default() }
+        Quotas {
+            config,
+            epoch: Instant::now(),
+            state: Mutex::default(),
+            refused: Default::default(),
+        }
     }
 
-    /// Whether any limit is set (when none is, nothing is refused).
-    fn any_limit(&self) -> bool {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
+    }
+
+    /// Whether any limit is set (when none is, nothing is refused, and the server sends no
+    /// `QuotaReport`).
+    pub fn any_limit(&self) -> bool {
         let set = |l: &Limits| Kind::ALL.iter().any(|k| k.limit(l) > 0);
         set(&self.config.app) || set(&self.config.user) || self.config.users.values().any(set)
     }
@@ -257,6 +297,7 @@ impl Quotas {
         for k in Kind::ALL {
             if let Some((limit, now)) = over(&charge.app, &self.config.app, k) {
                 self.refused[0][k as usize].fetch_add(1, Ordering::Relaxed);
+                charge.app.mark_refused(k, self.now_ms());
                 return Err(Refusal::new(
                     ErrorCode::QuotaExceeded,
                     format!(
@@ -270,6 +311,7 @@ impl Quotas {
             if let Some(u) = &charge.user {
                 if let Some((limit, now)) = over(u, &self.user_limits(&user), k) {
                     self.refused[1][k as usize].fetch_add(1, Ordering::Relaxed);
+                    u.mark_refused(k, self.now_ms());
                     return Err(Refusal::new(
                         ErrorCode::QuotaExceeded,
                         format!(
@@ -344,6 +386,39 @@ impl Quotas {
                 s.users.remove(&a.user);
             }
         }
+    }
+
+    /// Every application and user at one of its quotas (see [`Usage`]): what the server reports
+    /// to coordinators after each heartbeat (`QuotaReport`), so that they refuse the holders'
+    /// new shuffles. `window` is how long a refusal for `buffered_bytes` counts: two heartbeat
+    /// intervals, so that a refusal is in at least one report, whenever between two heartbeats
+    /// it came, and an application pushing at the limit does not come and go between reports.
+    pub fn at_quota(&self, window: Duration) -> Vec<AtQuota> {
+        let (now, window_ms) = (self.now_ms(), window.as_millis() as u64);
+        let s = self.state.lock();
+        let mut out = Vec::new();
+        let mut check = |holder: u8, name: &str, usage: &Usage, limits: &Limits| {
+            for k in Kind::ALL {
+                let limit = k.limit(limits);
+                if usage.at_limit(k, limit, now, window_ms) {
+                    out.push(AtQuota {
+                        holder,
+                        name: name.to_owned(),
+                        quota: k.key().to_owned(),
+                        limit_bytes: limit,
+                        held_bytes: usage.get(k),
+                    });
+                }
+            }
+        };
+        for (app_id, a) in &s.apps {
+            check(QUOTA_HOLDER_APP, app_id, &a.usage, &self.config.app);
+        }
+        for (user, u) in &s.users {
+            check(QUOTA_HOLDER_USER, user, u, &self.user_limits(user));
+        }
+        out.sort_by(|a, b| (a.holder, &a.name, &a.quota).cmp(&(b.holder, &b.name, &b.quota)));
+        out
     }
 
     /// Usage of an application (`None`: unknown).
@@ -449,5 +524,54 @@ mod tests {
         q.shuffle_deleted("a", 3);
         assert_eq!((u.get(Kind::Disk), u.get(Kind::ObjectStore)), (0, 0));
         assert!(q.admit("a", 1, 1).is_ok());
+    }
+
+    #[test]
+    fn who_is_at_quota_is_reported_until_space_is_freed_or_a_buffered_refusal_ages() {
+        let q = Quotas::new(QuotaConfig {
+            app: limits(100, 1000, 0),
+            user: limits(0, 5000, 0),
+            ..Default::default()
+        });
+        let window = Duration::from_millis(100);
+        q.set_user("a", "alice");
+        q.accepted("a", 1, 900);
+        assert!(q.at_quota(window).is_empty(), "below every limit, nothing refused");
+        // A push that would pass app.disk_bytes: refused, and the app is reported from then on,
+        // with what it holds, though it holds less than the limit.
+        assert!(q.admit("a", 1, 200).is_err());
+        let names = |v: &[AtQuota]| {
+            v.iter().map(|a| (a.holder, a.name.clone(), a.quota.clone())).collect::<Vec<_>>()
+        };
+        let r = q.at_quota(window);
+        assert_eq!(names(&r), [(QUOTA_HOLDER_APP, "a".to_owned(), "disk_bytes".to_owned())]);
+        assert_eq!((r[0].limit_bytes, r[0].held_bytes), (1000, 900));
+        std::thread::sleep(window * 2);
+        assert_eq!(q.at_quota(window).len(), 1, "a disk refusal stays until space is freed");
+        q.shuffle_deleted("a", 1);
+        assert!(q.at_quota(window).is_empty(), "freed: no longer at quota");
+        // Usage at the limit is at quota without any refusal; a user's too.
+        q.accepted("a", 2, 1000);
+        q.accepted("b", 2, 10);
+        q.set_user("b", "alice");
+        q.accepted("b", 3, 4000);
+        assert_eq!(
+            names(&q.at_quota(window)),
+            [
+                (QUOTA_HOLDER_APP, "a".to_owned(), "disk_bytes".to_owned()),
+                (QUOTA_HOLDER_APP, "b".to_owned(), "disk_bytes".to_owned()),
+                (QUOTA_HOLDER_USER, "alice".to_owned(), "disk_bytes".to_owned()),
+            ]
+        );
+        q.app_removed("a");
+        q.app_removed("b");
+        assert!(q.at_quota(window).is_empty());
+        // A buffered refusal counts for the window only (buffered bytes come and go).
+        let c = q.admit("c", 60, 1).unwrap();
+        let _held = Quotas::buffered(c, 60);
+        assert!(q.admit("c", 60, 1).is_err());
+        assert_eq!(q.at_quota(window)[0].quota, "buffered_bytes");
+        std::thread::sleep(window * 2);
+        assert!(q.at_quota(window).is_empty(), "the buffered refusal aged out");
     }
 }

@@ -919,6 +919,12 @@ impl ServerState {
         self.quotas.refusals()
     }
 
+    /// The `QuotaReport` entries (`None`: no quota is set, nothing to report); see
+    /// `Quotas::at_quota`.
+    pub(crate) fn at_quota(&self, window: std::time::Duration) -> Option<Vec<AtQuota>> {
+        self.quotas.any_limit().then(|| self.quotas.at_quota(window))
+    }
+
     /// Every application and what its shuffles hold now (for the status API).
     pub fn apps_report(&self) -> Vec<AppReport> {
         self.apps.report(Instant::now())

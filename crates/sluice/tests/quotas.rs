@@ -3,6 +3,9 @@
 //! application over its disk or memory quota is refused with `QUOTA_EXCEEDED`, the message naming
 //! the quota and its limit, while another application's pushes and reads go on, byte for byte;
 //! a user quota is shared by the user's applications and freed when one of them deletes a shuffle.
+//! Servers tell the coordinator who is at quota (`QuotaReport`): it refuses the next shuffle of
+//! an application (or of a user's applications) at quota with `QUOTA_EXCEEDED`, naming the quota
+//! and the server, until the application frees space.
 
 mod utils;
 
@@ -128,7 +131,10 @@ async fn an_app_over_its_disk_or_memory_quota_is_refused_and_the_other_goes_on()
     assert!(refusals(&server, "app.disk_bytes").await >= 1.0);
 
     // Memory: one 3 MiB batch is more than a 2 MiB buffered quota lets an application hold,
-    // refused before the body is read; a second shuffle of the good one goes on beside it.
+    // refused before the body is read; a second shuffle of the good one goes on beside it. (A
+    // second application: the hog is at its disk quota, so the coordinator gives it no new
+    // shuffle, see the test below.)
+    let hog = app(&coordinator, "hog-memory", "").await;
     let msg = race(&hog, (1, 3 * MIB), &good, (16, 8 * KIB), 2).await;
     assert!(msg.contains("app.buffered_bytes: limit 2097152 bytes"), "{msg}");
     assert!(refusals(&server, "app.buffered_bytes").await >= 1.0);
@@ -162,7 +168,78 @@ async fn a_user_quota_is_shared_by_the_users_applications() {
     // Both of alice's shuffles deleted: their bytes no longer count, and alice-2 has room again.
     a1.unregister_shuffle(&s1).await.expect("unregister");
     a2.unregister_shuffle(&s2).await.expect("unregister the refused one");
-    let s3 = a2.register_shuffle(2, 1, 1, 1).await.unwrap();
+    // (The coordinator lets alice's applications register again once the server's next report
+    // no longer lists her.)
+    let s3 = registered_once_allowed(&a2, 2).await;
     bounded("alice-2 again", 30, write(&a2, &s3, 40, 16 * KIB as usize)).await.expect("room again");
     commit_and_check(&a2, &s3, 40, 16 * KIB as usize).await;
+}
+
+/// Registers shuffle `id` (one map, one partition), retrying (≤ 10 s) while the coordinator
+/// refuses it at quota: it learns that space was freed from the server's next report.
+async fn registered_once_allowed(c: &ShuffleClient, id: u32) -> Arc<Assignment> {
+    bounded("registration allowed again", 10, async {
+        loop {
+            match c.register_shuffle(id, 1, 1, 1).await {
+                Ok(a) => return a,
+                Err(e) if e.code() == ErrorCode::QuotaExceeded => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await
+                }
+                Err(e) => panic!("registering shuffle {id}: {e}"),
+            }
+        }
+    })
+    .await
+}
+
+/// Registers shuffle `id` until the coordinator refuses it at quota (≤ 10 s: the server reports
+/// after its next heartbeat); the refusal's message. Registrations let through meanwhile are
+/// unregistered.
+async fn refused_registration(c: &ShuffleClient, id: u32) -> String {
+    bounded("the coordinator refuses the registration", 10, async {
+        loop {
+            match c.register_shuffle(id, 1, 1, 1).await {
+                Ok(a) => {
+                    c.unregister_shuffle(&a).await.expect("unregister");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Err(e) => {
+                    assert_eq!(e.code(), ErrorCode::QuotaExceeded, "{e}");
+                    assert!(!e.is_retriable(), "{e}");
+                    return e.to_string();
+                }
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_coordinator_refuses_new_shuffles_of_an_app_at_quota_until_it_frees_space() {
+    let scratch = Scratch::new();
+    let (coordinator, server) =
+        cluster(&scratch, &[format!("quotas.app.disk_bytes={}", MIB)]).await;
+    let hog = app(&coordinator, "hog", "").await;
+    let good = app(&coordinator, "good", "").await;
+    // The hog passes its 1 MiB on the server: its pushes are refused.
+    let first = hog.register_shuffle(1, 1, 1, 1).await.unwrap();
+    quota_error(bounded("hog", 30, write(&hog, &first, 96, 16 * KIB as usize)).await);
+    assert!(refusals(&server, "app.disk_bytes").await >= 1.0);
+    // Its next shuffle is refused by the coordinator, the message naming the quota, the
+    // application and the server; it stays refused while the hog holds its data.
+    let msg = refused_registration(&hog, 2).await;
+    assert!(msg.contains("application hog is at its quota app.disk_bytes on server"), "{msg}");
+    assert!(msg.contains("limit 1048576 bytes"), "{msg}");
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await; // three more reports
+    let again = hog.register_shuffle(3, 1, 1, 1).await.map(|_| ());
+    assert_eq!(code(again), ErrorCode::QuotaExceeded, "still at quota");
+    // Another application registers, writes and reads as usual.
+    let other = good.register_shuffle(2, 1, 1, 1).await.expect("another app registers");
+    bounded("good", 30, write(&good, &other, 16, 16 * KIB as usize)).await.expect("good writes");
+    commit_and_check(&good, &other, 16, 16 * KIB as usize).await;
+    // The hog deletes its shuffle: once the server's report says so, it registers again.
+    hog.unregister_shuffle(&first).await.expect("unregister");
+    let next = registered_once_allowed(&hog, 4).await;
+    bounded("hog again", 30, write(&hog, &next, 16, 16 * KIB as usize)).await.expect("room again");
+    commit_and_check(&hog, &next, 16, 16 * KIB as usize).await;
 }

@@ -201,6 +201,32 @@ pub fn cases() -> Vec<Case> {
         ),
         ok("drain_order", 5, DrainOrder { order: DRAIN_ORDER_START }.into(), &[], false),
         ok(
+            "quota_report",
+            5,
+            QuotaReport {
+                server_id: "srv-a".into(),
+                at_quota: vec![
+                    AtQuota {
+                        holder: QUOTA_HOLDER_APP,
+                        name: "app-1".into(),
+                        quota: "disk_bytes".into(),
+                        limit_bytes: 2 << 20,
+                        held_bytes: (2 << 20) - 100,
+                    },
+                    AtQuota {
+                        holder: QUOTA_HOLDER_USER,
+                        name: "alice".into(),
+                        quota: "buffered_bytes".into(),
+                        limit_bytes: 1 << 30,
+                        held_bytes: 1 << 30,
+                    },
+                ],
+            }
+            .into(),
+            &[],
+            false,
+        ),
+        ok(
             "register_app",
             6,
             RegisterApp { app_id: app(), user: "alice".into() }.into(),
@@ -461,6 +487,18 @@ pub fn cases() -> Vec<Case> {
         f
     };
     let drain_order_unknown = vec![3u8];
+    let quota_holder_unknown = {
+        let mut f = fields_of(
+            &QuotaReport {
+                server_id: "s".into(),
+                at_quota: vec![AtQuota { holder: QUOTA_HOLDER_USER, ..Default::default() }],
+            }
+            .into(),
+        );
+        // server_id (2 + 1 bytes), the list's count (4): the entry's holder.
+        f[7] = 2;
+        f
+    };
     let bad_index = fields_of(
         &Assignment {
             shuffle_id: 1,
@@ -706,6 +744,15 @@ pub fn cases() -> Vec<Case> {
             "error",
             ErrorCode::MalformedFrame,
             "DrainOrder.order is 3",
+        ),
+        bad(
+            "quota_report_unknown_holder",
+            raw(f(&quota_holder_unknown), 23, 1, 1, &quota_holder_unknown),
+            max,
+            false,
+            "error",
+            ErrorCode::MalformedFrame,
+            "QuotaReport holder 2 (neither application nor user)",
         ),
         bad(
             "batch_crc_mismatch",

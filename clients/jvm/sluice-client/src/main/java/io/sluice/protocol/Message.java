@@ -65,6 +65,7 @@ public interface Message {
     UNREGISTER_SHUFFLE(20, "UnregisterShuffle", false, UnregisterShuffle::decode),
     SERVER_STATUS(21, "ServerStatus", false, ServerStatus::decode),
     DRAIN_ORDER(22, "DrainOrder", false, DrainOrder::decode),
+    QUOTA_REPORT(23, "QuotaReport", false, QuotaReport::decode),
     SHUFFLE_SYNC(25, "ShuffleSync", false, ShuffleSync::decode),
     SPLIT_PARTITION(26, "SplitPartition", false, SplitPartition::decode),
     GET_SPLITS(27, "GetSplits", false, GetSplits::decode),

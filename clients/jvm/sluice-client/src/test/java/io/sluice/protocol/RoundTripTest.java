@@ -190,6 +190,8 @@ class RoundTripTest {
       case SERVER_STATUS -> new ServerStatus(str(r), r.nextBoolean(), r.nextInt(),
           list(r, () -> new ServerStatus.Disk(str(r), r.nextLong(), r.nextLong(), r.nextInt(3))));
       case DRAIN_ORDER -> new DrainOrder(r.nextInt(3));
+      case QUOTA_REPORT -> new QuotaReport(str(r), list(r, () -> new QuotaReport.AtQuota(
+          r.nextInt(2), str(r), str(r), r.nextLong(), r.nextLong())));
       case PUSH -> new Push(str(r), r.nextInt(), r.nextInt());
       case PUSH_MERGED -> new PushMerged(str(r), r.nextInt(),
           list(r, () -> new PushMerged.Section(r.nextInt(), r.nextInt(100), r.nextInt(100))));

@@ -1,5 +1,6 @@
 package io.sluice.spark;
 
+import java.util.function.Supplier;
 import org.apache.spark.SparkConf;
 import org.apache.spark.TaskContext;
 import org.apache.spark.network.buffer.ManagedBuffer;
@@ -27,7 +28,7 @@ import scala.math.Ordering;
  * since Spark 3.5 creates the shuffle manager before it loads {@code spark.jars}.
  */
 public final class SluiceShuffleManager extends SluiceShuffleManagerBase {
-  private final ShuffleBlockResolver resolver = new NoLocalBlocks();
+  private final ShuffleBlockResolver resolver = new NoLocalBlocks(this::fallbackResolver);
 
   public SluiceShuffleManager(SparkConf conf, boolean isDriver) {
     super(conf, isDriver, new Shims());
@@ -55,7 +56,8 @@ public final class SluiceShuffleManager extends SluiceShuffleManagerBase {
   }
 
   /**
-   * Sluice keeps no shuffle blocks in the executors' block managers. Spark still asks the resolver
+   * Sluice keeps no shuffle blocks in the executors' block managers, except those of shuffles that
+   * fell back to Spark's own manager (spark.sluice.fallbackOnQuota), which go to its resolver. Spark still asks the resolver
    * which blocks a shuffle has when it cleans the shuffle up: none.
 
    *
@@ -64,10 +66,27 @@ public final class SluiceShuffleManager extends SluiceShuffleManagerBase {
    * (Spark 4), so one compiled class cannot implement both.
    */
   static final class NoLocalBlocks implements ShuffleBlockResolver {
+    /** The resolver of the shuffles that fell back to Spark's own (null: none in this JVM). */
+    private final Supplier<ShuffleBlockResolver> fallback;
+
+    NoLocalBlocks(Supplier<ShuffleBlockResolver> fallback) {
+      this.fallback = fallback;
+    }
+
     @Override
     public ManagedBuffer getBlockData(BlockId blockId, Option<String[]> dirs) {
+      ShuffleBlockResolver spark = fallback.get();
+      if (spark != null) {
+        return spark.getBlockData(blockId, dirs); // a shuffle that fell back
+      }
       throw new UnsupportedOperationException(
           "Sluice shuffle data is read from Sluice servers, not from block managers: " + blockId);
+    }
+
+    @Override
+    public Seq<BlockId> getBlocksForShuffle(int shuffleId, long mapId) {
+      ShuffleBlockResolver spark = fallback.get();
+      return spark != null ? spark.getBlocksForShuffle(shuffleId, mapId) : List$.MODULE$.empty();
     }
 
     @Override

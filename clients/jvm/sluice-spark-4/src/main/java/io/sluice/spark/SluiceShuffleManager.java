@@ -13,7 +13,7 @@ import org.apache.spark.shuffle.ShuffleBlockResolver;
  */
 public final class SluiceShuffleManager extends SluiceShuffleManagerBase
     implements BlockingShuffleManager {
-  private final ShuffleBlockResolver resolver = new Spark4Support.NoLocalBlocks();
+  private final ShuffleBlockResolver resolver = new Spark4Support.NoLocalBlocks(this::fallbackResolver);
 
   public SluiceShuffleManager(SparkConf conf, boolean isDriver) {
     super(conf, isDriver, Spark4Support.shims());

@@ -10,7 +10,7 @@ import org.apache.spark.shuffle.ShuffleBlockResolver;
  * {@code spark.shuffle.manager=io.sluice.spark.SluiceShuffleManagerSpark40}.
  */
 public final class SluiceShuffleManagerSpark40 extends SluiceShuffleManagerBase {
-  private final ShuffleBlockResolver resolver = new Spark4Support.NoLocalBlocks();
+  private final ShuffleBlockResolver resolver = new Spark4Support.NoLocalBlocks(this::fallbackResolver);
 
   public SluiceShuffleManagerSpark40(SparkConf conf, boolean isDriver) {
     super(conf, isDriver, Spark4Support.shims());

@@ -3,6 +3,7 @@ package io.sluice.spark;
 import java.lang.invoke.MethodHandle;
 import java.lang.invoke.MethodHandles;
 import java.lang.invoke.MethodType;
+import java.util.function.Supplier;
 import org.apache.spark.TaskContext;
 import org.apache.spark.network.buffer.ManagedBuffer;
 import org.apache.spark.network.shuffle.MergedBlockMeta;
@@ -112,7 +113,8 @@ final class Spark4Support {
   }
 
   /**
-   * Sluice keeps no shuffle blocks in the executors' block managers. Spark 4 still asks the
+   * Sluice keeps no shuffle blocks in the executors' block managers, except those of shuffles that
+   * fell back to Spark's own manager (spark.sluice.fallbackOnQuota), which go to its resolver. Spark 4 still asks the
    * resolver which blocks a shuffle has when it cleans the shuffle up
    * (spark.shuffle.service.removeShuffle): none.
 
@@ -122,10 +124,27 @@ final class Spark4Support {
    * (Spark 4), so one compiled class cannot implement both.
    */
   static final class NoLocalBlocks implements ShuffleBlockResolver {
+    /** The resolver of the shuffles that fell back to Spark's own (null: none in this JVM). */
+    private final Supplier<ShuffleBlockResolver> fallback;
+
+    NoLocalBlocks(Supplier<ShuffleBlockResolver> fallback) {
+      this.fallback = fallback;
+    }
+
     @Override
     public ManagedBuffer getBlockData(BlockId blockId, Option<String[]> dirs) {
+      ShuffleBlockResolver spark = fallback.get();
+      if (spark != null) {
+        return spark.getBlockData(blockId, dirs); // a shuffle that fell back
+      }
       throw new UnsupportedOperationException(
           "Sluice shuffle data is read from Sluice servers, not from block managers: " + blockId);
+    }
+
+    @Override
+    public Seq<BlockId> getBlocksForShuffle(int shuffleId, long mapId) {
+      ShuffleBlockResolver spark = fallback.get();
+      return spark != null ? spark.getBlocksForShuffle(shuffleId, mapId) : List$.MODULE$.empty();
     }
 
     @Override

@@ -1,7 +1,9 @@
 package io.sluice.spark;
 
 import io.sluice.client.CoordinatorClient;
+import io.sluice.client.SluiceException;
 import io.sluice.client.TransportClientFactory;
+import io.sluice.protocol.ErrorCode;
 import io.sluice.protocol.Ping;
 import java.util.concurrent.TimeUnit;
 import org.apache.spark.ShuffleDependency;
@@ -9,12 +11,14 @@ import org.apache.spark.SparkConf;
 import org.apache.spark.SparkContext;
 import org.apache.spark.SparkEnv;
 import org.apache.spark.TaskContext;
+import org.apache.spark.shuffle.ShuffleBlockResolver;
 import org.apache.spark.shuffle.ShuffleHandle;
 import org.apache.spark.shuffle.ShuffleManager;
 import org.apache.spark.shuffle.ShuffleReadMetricsReporter;
 import org.apache.spark.shuffle.ShuffleReader;
 import org.apache.spark.shuffle.ShuffleWriteMetricsReporter;
 import org.apache.spark.shuffle.ShuffleWriter;
+import org.apache.spark.shuffle.sort.SortShuffleManager;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -29,6 +33,13 @@ import org.slf4j.LoggerFactory;
  * driver's side ({@link SluiceDriver}, the RPC endpoint) starts with the first registered shuffle,
  * when the application id is known and SparkEnv is up. Client connections are pooled per JVM in one
  * TransportClientFactory, made when first needed.
+ *
+ * <p><b>Fallback.</b> With {@code spark.sluice.fallbackOnQuota=true}, a shuffle the coordinator
+ * refuses with {@code QUOTA_EXCEEDED} (the application, or its user, is at a quota on a server) is
+ * handed to Spark's own SortShuffleManager: its handle is Spark's, so {@link #getWriter}, {@link
+ * #getReader} and {@link #unregisterShuffle} tell the two kinds apart by the handle's type, and the
+ * per-version block resolvers hand block requests to Spark's resolver ({@link
+ * #fallbackResolver()}), since executors serve those shuffles' files as with the built-in shuffle.
  */
 public abstract class SluiceShuffleManagerBase implements ShuffleManager {
   private static final Logger LOG = LoggerFactory.getLogger(SluiceShuffleManagerBase.class);
@@ -44,6 +55,8 @@ public abstract class SluiceShuffleManagerBase implements ShuffleManager {
   /** Over {@code factory}: tasks' coordinator calls (splits), shared so their asks are too. */
   private CoordinatorClient coordinator;
   private SluiceDriver driver;
+  /** Spark's own manager, for the shuffles that fell back; made when first needed. */
+  private SortShuffleManager sortManager;
 
   /** Called from the per-version manager's constructor, which Spark calls with (conf, isDriver). */
   protected SluiceShuffleManagerBase(SparkConf sparkConf, boolean isDriver, SparkShims shims) {
@@ -136,14 +149,45 @@ public abstract class SluiceShuffleManagerBase implements ShuffleManager {
     return driver;
   }
 
-  /** Registers the shuffle's generation 0 with Sluice and returns the handle that carries it. */
+  /** Spark's SortShuffleManager, for the shuffles that fell back (made on first use). */
+  private synchronized SortShuffleManager sortManager() {
+    if (sortManager == null) {
+      sortManager = new SortShuffleManager(sparkConf);
+    }
+    return sortManager;
+  }
+
+  /**
+   * The block resolver of the shuffles that fell back to Spark's manager, or null while this JVM
+   * has none (then it holds no shuffle blocks at all). The per-version resolvers hand block
+   * requests to it.
+   */
+  protected final synchronized ShuffleBlockResolver fallbackResolver() {
+    return sortManager == null ? null : sortManager.shuffleBlockResolver();
+  }
+
+  /**
+   * Registers the shuffle's generation 0 with Sluice and returns the handle that carries it; or,
+   * when the coordinator refuses it at quota and {@code spark.sluice.fallbackOnQuota} is on, hands
+   * the shuffle to Spark's SortShuffleManager and returns its handle.
+   */
   @Override
   public <K, V, C> ShuffleHandle registerShuffle(int shuffleId,
       ShuffleDependency<K, V, C> dependency) {
     SluiceDriver d = driver();
     int numMaps = dependency.rdd().getNumPartitions();
     int numPartitions = dependency.partitioner().numPartitions();
-    ShuffleGeneration g0 = d.registerShuffle(shuffleId, numMaps, numPartitions);
+    ShuffleGeneration g0;
+    try {
+      g0 = d.registerShuffle(shuffleId, numMaps, numPartitions);
+    } catch (SluiceException e) {
+      if (e.code() != ErrorCode.QUOTA_EXCEEDED || !conf.fallbackOnQuota()) {
+        throw e;
+      }
+      LOG.warn("Shuffle {} falls back to Spark's built-in shuffle (spark.sluice.fallbackOnQuota):"
+          + " {}", shuffleId, e.getMessage());
+      return sortManager().registerShuffle(shuffleId, dependency);
+    }
     SluiceShuffleHandle<K, V, C> handle =
         new SluiceShuffleHandle<>(shuffleId, dependency, d.appId(), numMaps, g0);
     d.track(handle, numPartitions);
@@ -161,6 +205,9 @@ public abstract class SluiceShuffleManagerBase implements ShuffleManager {
   @Override
   public <K, V> ShuffleWriter<K, V> getWriter(ShuffleHandle handle, long mapId,
       TaskContext context, ShuffleWriteMetricsReporter metrics) {
+    if (!(handle instanceof SluiceShuffleHandle)) {
+      return sortManager().getWriter(handle, mapId, context, metrics); // fell back
+    }
     SluiceShuffleHandle<K, V, Object> h = sluice(handle);
     return new SluiceShuffleWriter<>(h, context, metrics, conf, factory(h.appId()),
         coordinator(h.appId()), shims, generations);
@@ -170,6 +217,10 @@ public abstract class SluiceShuffleManagerBase implements ShuffleManager {
   public <K, C> ShuffleReader<K, C> getReader(ShuffleHandle handle, int startMapIndex,
       int endMapIndex, int startPartition, int endPartition, TaskContext context,
       ShuffleReadMetricsReporter metrics) {
+    if (!(handle instanceof SluiceShuffleHandle)) {
+      return sortManager().getReader(handle, startMapIndex, endMapIndex, startPartition,
+          endPartition, context, metrics); // fell back
+    }
     SluiceShuffleHandle<K, Object, C> h = sluice(handle);
     // Spark passes Int.MaxValue as "to the last map".
     int end = Math.min(endMapIndex, h.numMaps());
@@ -179,21 +230,30 @@ public abstract class SluiceShuffleManagerBase implements ShuffleManager {
 
   /**
    * Driver: deletes the shuffle's data on the servers. Both: forget the split partitions kept for
-   * its readers, the only per-shuffle state of an executor.
+   * its readers, the only per-shuffle state of an executor. A shuffle that fell back is Spark's
+   * manager's to forget (an executor deletes its map output files).
    */
   @Override
   public boolean unregisterShuffle(int shuffleId) {
     generations.forget(shuffleId);
     SluiceDriver d;
+    SortShuffleManager sort;
     synchronized (this) {
       d = driver;
+      sort = sortManager;
     }
-    return d != null && d.unregisterShuffle(shuffleId);
+    boolean fellBack = sort != null && sort.unregisterShuffle(shuffleId);
+    boolean sluice = d != null && d.unregisterShuffle(shuffleId);
+    return fellBack || sluice;
   }
 
   /** Driver: unregisters the application (servers delete its data). Both: closes connections. */
   @Override
   public synchronized void stop() {
+    if (sortManager != null) {
+      sortManager.stop();
+      sortManager = null;
+    }
     if (driver != null) {
       driver.close();
       driver = null;

@@ -21,6 +21,7 @@ import scala.Tuple2;
  * <tr><td>spark.sluice.app.heartbeatIntervalMs</td><td>10000</td><td>how often the driver tells the coordinator the application is alive</td></tr>
  * <tr><td>spark.sluice.writer.partitionBufferBytes</td><td>256k</td><td>a map task sends a partition's records as one batch once this many serialized bytes are buffered</td></tr>
  * <tr><td>spark.sluice.writer.bufferBytes</td><td>32m</td><td>bytes a map task buffers over all partitions (array capacity) before it sends the largest ones early; below it the task memory manager decides (see WriterMemory)</td></tr>
+ * <tr><td>spark.sluice.fallbackOnQuota</td><td>false</td><td>a shuffle the coordinator refuses because the application (or its user) is at a quota on a server runs on Spark's built-in shuffle instead of failing the job</td></tr>
  * <tr><td>spark.sluice.executor.warmUp</td><td>true</td><td>an executor loads the client's transport when it starts (one Ping to a coordinator), not in its first task</td></tr>
  * </table>
  */
@@ -34,6 +35,7 @@ public final class SluiceSparkConf {
   private final int partitionBufferBytes;
   private final long writerBufferBytes;
   private final boolean executorWarmUp;
+  private final boolean fallbackOnQuota;
 
   private SluiceSparkConf(Map<String, String> sluiceKeys) {
     this.client = SluiceConf.fromMap(sluiceKeys);
@@ -45,6 +47,7 @@ public final class SluiceSparkConf {
     this.writerBufferBytes =
         longIn(sluiceKeys, "sluice.writer.bufferBytes", 32L << 20, 1, Long.MAX_VALUE);
     this.executorWarmUp = booleanOf(sluiceKeys, "sluice.executor.warmUp", true);
+    this.fallbackOnQuota = booleanOf(sluiceKeys, "sluice.fallbackOnQuota", false);
   }
 
   /** Reads the {@code spark.sluice.*} keys of {@code conf}. */
@@ -119,5 +122,13 @@ public final class SluiceSparkConf {
   /** Whether an executor warms the client's transport up when it starts. */
   public boolean executorWarmUp() {
     return executorWarmUp;
+  }
+
+  /**
+   * Whether a shuffle the coordinator refuses with {@code QUOTA_EXCEEDED} goes to Spark's built-in
+   * shuffle instead of failing the job.
+   */
+  public boolean fallbackOnQuota() {
+    return fallbackOnQuota;
   }
 }

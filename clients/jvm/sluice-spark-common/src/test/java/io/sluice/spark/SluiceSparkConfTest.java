@@ -26,7 +26,17 @@ class SluiceSparkConfTest {
     assertEquals(256 << 10, c.partitionBufferBytes());
     assertEquals(32L << 20, c.writerBufferBytes());
     assertTrue(c.executorWarmUp());
+    assertFalse(c.fallbackOnQuota());
     assertEquals(1, c.client().coordinators().size());
+  }
+
+  @Test
+  void fallbackOnQuotaIsABoolean() {
+    assertTrue(SluiceSparkConf.fromSpark(spark("spark.sluice.fallbackOnQuota", "true"))
+        .fallbackOnQuota());
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+        () -> SluiceSparkConf.fromSluiceKeys(Map.of("sluice.fallbackOnQuota", "on")));
+    assertTrue(e.getMessage().contains("spark.sluice.fallbackOnQuota"), e.getMessage());
   }
 
   @Test
