@@ -212,6 +212,10 @@ async fn every_endpoint_answers_as_the_openapi_document_says() {
             "sluice_coordinator_servers{state=\"lost\"} 0",
             "sluice_coordinator_applications 1",
             "sluice_coordinator_shuffles 1",
+            // No credential is configured here: nothing refused.
+            "sluice_coordinator_handshakes_failed_total 0",
+            "sluice_coordinator_requests_unauthorized_total 0",
+            "sluice_coordinator_tls_handshakes_failed_total 0",
         ] {
             assert!(text.lines().any(|l| l == line), "no `{line}` in {text}");
         }

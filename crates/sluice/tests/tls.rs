@@ -334,4 +334,28 @@ fn sluice_admin_talks_https_to_a_tls_coordinator() {
     assert!(!plain.status.success(), "plain HTTP answered by a TLS endpoint");
     let why = String::from_utf8_lossy(&plain.stderr);
     assert!(why.contains(admin.as_str()), "the failure names no address: {why}");
+
+    // A plain-text client on the coordinator's protocol port: the TLS handshake fails, the
+    // connection is closed, and the coordinator counts it like a server does.
+    use std::io::{Read, Write};
+    let scrape = || {
+        let addr = coord.metrics.unwrap();
+        sluice_testkit::scrape_tls(addr, std::time::Duration::from_secs(5), Some(&pki.ca_file()))
+            .expect("the coordinator's metrics over HTTPS")
+    };
+    assert_eq!(metric(&scrape(), "sluice_coordinator_tls_handshakes_failed_total"), 0.0);
+    let mut s = std::net::TcpStream::connect(coord.addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    s.write_all(b"SLUICE plain text, not a TLS ClientHello\r\n\r\n").unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest); // the coordinator closes (an alert at most)
+    let mut counted = 0.0;
+    for _ in 0..50 {
+        counted = metric(&scrape(), "sluice_coordinator_tls_handshakes_failed_total");
+        if counted > 0.0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(counted, 1.0, "failed TLS handshakes on the coordinator");
 }
