@@ -10,6 +10,7 @@ executors' or the Sluice processes' logs.
 
 import json
 import os
+import re
 import ssl
 import sys
 import time
@@ -156,10 +157,15 @@ def test_a_job_with_its_own_credential_over_tls(secure_cluster, sluice_cluster, 
                and p.suffix in ("", ".log", ".out") and p.stat().st_size < (64 << 20)]
     places += [p for p in Path(cluster.work_dir).glob("*.log")]
     assert any("events" in str(p) for p in places), "no event log to check"
+    engines = set()
     for p in places:
         text = p.read_bytes()
         assert credential.encode() not in text, f"the credential is in {p}"
         assert KEY.encode() not in text, f"the cluster key is in {p}"
+        engines.update(re.findall(rb"TLS to the servers with the (\w+) engine", text))
+    # The executors ran netty-tcnative's BoringSSL (the default engine), relocated in the plugin's
+    # shaded jar, not the JDK fallback.
+    assert engines == {b"OPENSSL"}, f"TLS engines in the executors' logs: {engines}"
     shutil.rmtree(scratch, ignore_errors=True)
 
     # The same job on the session's plain cluster (no key, no TLS), for its time beside this one:
