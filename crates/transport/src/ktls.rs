@@ -238,3 +238,32 @@ impl AsyncRead for KtlsReader {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// What rustls had decrypted before the hand-off comes first, then the socket's bytes, then
+    /// the end (a plain socket stands in for the kTLS one: its application data reads the same).
+    #[tokio::test]
+    async fn the_reader_serves_the_drained_bytes_first() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut peer = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let (rd, _wr) = s.into_split();
+        let drained = b"handshake frame decrypted by rustls ".to_vec();
+        let mut r = KtlsReader { rd, drained: drained.clone(), pos: 0, ended: false };
+        peer.write_all(b"and then the kernel's").await.unwrap();
+        peer.shutdown().await.unwrap();
+        // Small reads: the drained bytes are handed out in pieces, never mixed with the socket's.
+        let mut first = [0u8; 10];
+        let n = r.read(&mut first).await.unwrap();
+        assert_eq!(&first[..n], &drained[..n]);
+        let mut rest = Vec::new();
+        r.read_to_end(&mut rest).await.unwrap();
+        let mut all = first[..n].to_vec();
+        all.extend_from_slice(&rest);
+        assert_eq!(all, b"handshake frame decrypted by rustls and then the kernel's");
+    }
+}
