@@ -41,14 +41,19 @@ def load():
     return Path("/proc/loadavg").read_text().split()[0]
 
 
-def run_jvm(java_cp, coordinator, binary, args):
-    cmd = ["java", *SPARK_JAVA_OPTS, *args.jvm_opts.split(), "-cp", java_cp, "io.sluice.bench.PushBench",
+def push_bench_rounds(java_cp, coordinator, args, settings, jvm_opts=()):
+    """One JVM of PushBench with `read=1` and `settings` (k=v strings): its rounds' JSON."""
+    cmd = ["java", *SPARK_JAVA_OPTS, *jvm_opts, "-cp", java_cp, "io.sluice.bench.PushBench",
            coordinator, str(args.rounds), str(args.maps), str(args.partitions), str(args.map_mib),
-           str(args.batch_kib), *args.settings.split(), "read=1", f"rust={binary}",
-           f"readers={args.readers}"]
+           str(args.batch_kib), *settings, "read=1", f"readers={args.readers}"]
     out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True, timeout=900).stdout
-    rounds = [json.loads(line) for line in out.splitlines()
-              if line.startswith("{") and "round" in line]
+    return [json.loads(line) for line in out.splitlines()
+            if line.startswith("{") and "round" in line]
+
+
+def run_jvm(java_cp, coordinator, binary, args):
+    rounds = push_bench_rounds(java_cp, coordinator, args,
+                               [*args.settings.split(), f"rust={binary}"], args.jvm_opts.split())
     for r in rounds:
         if not r["read_bytes"] == r["rust_read_bytes"] == r["bytes"]:
             raise SystemExit(f"round {r['round']}: pushed {r['bytes']} bytes, the JVM reader read "

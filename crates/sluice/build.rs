@@ -6,9 +6,13 @@
 //! `make s3-server` installs from crates.io into `target/tools/bin`): found, its path is
 //! `SLUICE_S3S_FS_BIN` for the tests; not found, `cfg(no_s3_server)` makes them ignored with
 //! `OBJECT STORE TESTS NOT RUN` as the reason.
+//!
+//! And for kTLS: a kernel without the `tls` ULP gives `cfg(no_ktls)`, and the kTLS test is
+//! ignored with `KTLS TEST NOT RUN` as the reason.
 
 fn main() {
     s3_server();
+    ktls();
     println!("cargo::rustc-check-cfg=cfg(no_chromium)");
     println!("cargo::rerun-if-env-changed=SLUICE_CHROMIUM");
     println!("cargo::rerun-if-env-changed=PATH");
@@ -54,5 +58,15 @@ fn s3_server() {
             println!("cargo::rustc-env=SLUICE_S3S_FS_BIN={}", p.display());
         }
         None => println!("cargo::rustc-cfg=no_s3_server"),
+    }
+}
+
+/// Whether this kernel offers kTLS (`tls` in /proc/sys/net/ipv4/tcp_available_ulp): not,
+/// `cfg(no_ktls)` makes the kTLS test ignored with `KTLS TEST NOT RUN` as the reason.
+fn ktls() {
+    println!("cargo::rustc-check-cfg=cfg(no_ktls)");
+    let ulps = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_ulp").unwrap_or_default();
+    if !ulps.split_whitespace().any(|u| u == "tls") {
+        println!("cargo::rustc-cfg=no_ktls");
     }
 }

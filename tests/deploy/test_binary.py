@@ -62,8 +62,29 @@ def run_checked(args, env, cwd, while_up=None):
     assert ok, output
 
 
+TLS_MOUNT = "/etc/sluice/tls"
+TLS_NAME = "sluice.example.internal"  # tls.serverName in values-full.yaml
+
+
+def local_config(render, name: str, tmp_path: Path) -> str:
+    """The rendered TOML, its TLS files (the Secret's tls.crt, tls.key, ca.crt) made by `sluice
+    dev-certs` into a local directory that stands in for the mount."""
+    text = render.config(name)
+    if TLS_MOUNT in text:
+        made = subprocess.run(
+            [str(BINARY), "dev-certs", "--dir", str(tmp_path / "pki"), "--names", f"127.0.0.1,{TLS_NAME}"],
+            capture_output=True, text=True, check=True,
+        ).stdout.split()
+        mount = tmp_path / "tls"
+        mount.mkdir(exist_ok=True)
+        for src, dst in zip(made, ["ca.crt", "tls.crt", "tls.key"]):
+            (mount / dst).write_bytes(Path(src).read_bytes())
+        text = text.replace(TLS_MOUNT, str(mount))
+    return text
+
+
 def server_args(render, tmp_path: Path, *extra: str) -> list[str]:
-    (tmp_path / "server.toml").write_text(render.config("server.toml"))
+    (tmp_path / "server.toml").write_text(local_config(render, "server.toml", tmp_path))
     data = tmp_path / "data0"
     data.mkdir()
     return ["server", "--config", "server.toml", "--listen", "127.0.0.1:0", "--data-dir", str(data), *extra]
@@ -86,7 +107,7 @@ def test_server_starts_with_rendered_config(render, tmp_path):
 
 
 def test_coordinator_starts_with_rendered_config(render, tmp_path):
-    (tmp_path / "coordinator.toml").write_text(render.config("coordinator.toml"))
+    (tmp_path / "coordinator.toml").write_text(local_config(render, "coordinator.toml", tmp_path))
     env = {"SLUICE_COORDINATOR_ADMIN_TOKEN": TOKEN}
     if render.which == "default":
         env["SLUICE_COORDINATOR_TRANSPORT__SECRET"] = render.secret_value("sluice-secrets", "transport-secret")
@@ -94,25 +115,36 @@ def test_coordinator_starts_with_rendered_config(render, tmp_path):
     run_checked(args, env, tmp_path)
 
 
-def test_drain_hook_drains_the_server(default, tmp_path):
-    """The preStop hook as the pod runs it: an idle server holds no shuffle, so the drain is over
-    at the first status check."""
+def test_drain_hook_drains_the_server(render, tmp_path):
+    """The preStop hook as the pod runs it (its command from the render): an idle server holds
+    no shuffle, so the drain is over at the first status check. values-full.yaml runs TLS: the
+    metrics port serves HTTPS only, and the hook asks through `sluice admin request` with the CA
+    and the name the certificate is checked against."""
     hook = []
+    command = render.container(render.server)["lifecycle"]["preStop"]["exec"]["command"]
+    tls_args = command[4:]
+    assert bool(tls_args) == (render.which == "full"), command
 
     def drain(output):
         port = re.search(r"^metrics on \S+:(\d+)$", output, re.M).group(1)
+        env = {**os.environ, "SLUICE_SERVER_ADMIN_TOKEN": TOKEN,
+               "PATH": f"{BINARY.parent}:{os.environ['PATH']}"}
+        hook_path = str(CHART_SOURCE / "files/drain.sh")
+        if tls_args:
+            # The plain-HTTP hook gets no answer from an HTTPS port (the server closes on its
+            # request, and bash may die of SIGPIPE writing it): it fails, draining nothing.
+            plain = subprocess.run(["bash", hook_path, port, "30"], env=env,
+                                   capture_output=True, text=True, timeout=60)
+            assert plain.returncode != 0, plain.stderr
+            assert "draining for at most" not in plain.stderr, plain.stderr
         started = time.monotonic()
-        result = subprocess.run(
-            ["bash", str(CHART_SOURCE / "files/drain.sh"), port, "30"],
-            env={**os.environ, "SLUICE_SERVER_ADMIN_TOKEN": TOKEN},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        local = [a.replace(TLS_MOUNT, str(tmp_path / "tls")) for a in tls_args]
+        result = subprocess.run(["bash", hook_path, port, "30", *local], env=env,
+                                capture_output=True, text=True, timeout=60)
         hook.append((result, time.monotonic() - started))
 
-    args = server_args(default, tmp_path, "--metrics-listen", "127.0.0.1:0")
-    run_checked(args, server_env(default), tmp_path, drain)
+    args = server_args(render, tmp_path, "--metrics-listen", "127.0.0.1:0")
+    run_checked(args, server_env(render), tmp_path, drain)
     ((result, took),) = hook
     assert result.returncode == 0, result.stderr
     assert "no uncommitted shuffle left" in result.stderr

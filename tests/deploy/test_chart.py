@@ -120,7 +120,11 @@ def test_drain_on_stop(render):
     metrics_port = {p["name"]: p["containerPort"] for p in container["ports"]}["metrics"]
     command = container["lifecycle"]["preStop"]["exec"]["command"]
     drain_s = toml["drain_timeout_ms"] // 1000
-    assert command == ["/bin/bash", "/etc/sluice/config/drain.sh", str(metrics_port), str(drain_s)]
+    hook = ["/bin/bash", "/etc/sluice/config/drain.sh", str(metrics_port), str(drain_s)]
+    if render.which == "full":
+        # TLS: the hook talks HTTPS, checking the certificate with the Secret's CA.
+        hook += ["/etc/sluice/tls/ca.crt", "sluice.example.internal"]
+    assert command == hook
     assert {"name": "config", "mountPath": "/etc/sluice/config", "readOnly": True} in container["volumeMounts"]
     assert render.config("drain.sh") == (CHART_SOURCE / "files/drain.sh").read_text()
     assert f"--metrics-listen=0.0.0.0:{metrics_port}" in container["args"]
@@ -145,10 +149,12 @@ def test_coordinator_grace_rounds_up(full):
 
 
 def test_probes_on_admin_api(render):
+    # values-full.yaml turns TLS on: the metrics ports serve HTTPS, and the probes say so.
+    scheme = {"scheme": "HTTPS"} if render.which == "full" else {}
     for component in ("coordinator", "server"):
         container = render.container(getattr(render, component))
-        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
-        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics", **scheme}
+        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics", **scheme}
 
 
 def test_pod_hardening_and_service_links(render):
@@ -245,6 +251,71 @@ def test_tls_mounted(full):
         assert {"name": "tls", "secret": {"secretName": "sluice-tls"}} in volumes
 
 
+def test_tls_off_by_default(default):
+    for name in ("server.toml", "coordinator.toml"):
+        toml = tomllib.loads(default.config(name))
+        assert "tls" not in toml.get("transport", {}), name
+        assert not {"coordinator_tls", "peer_tls"} & toml.keys(), name
+    for component in ("coordinator", "server"):
+        assert "tls" not in [m["name"] for m in default.container(getattr(default, component))["volumeMounts"]]
+
+
+def test_tls_wired_into_both_components(full):
+    mount = "/etc/sluice/tls"
+    listen = {
+        "cert_file": f"{mount}/tls.crt",
+        "key_file": f"{mount}/tls.key",
+        "client_ca_file": f"{mount}/ca.crt",  # tls.mutual
+        "ktls": False,
+    }
+    # Servers and coordinators present tls.crt to coordinators (mTLS) and check them by serverName.
+    dial = {
+        "ca_file": f"{mount}/ca.crt",
+        "server_name": "sluice.example.internal",
+        "cert_file": f"{mount}/tls.crt",
+        "key_file": f"{mount}/tls.key",
+    }
+    server = tomllib.loads(full.config("server.toml"))
+    assert server["transport"]["tls"] == listen
+    assert server["coordinator_tls"] == dial
+    # The user's own transport keys stay beside the chart's tls table.
+    assert server["transport"]["max_connections"] == 8192
+    coordinator = tomllib.loads(full.config("coordinator.toml"))
+    assert coordinator["transport"]["tls"] == listen
+    assert coordinator["peer_tls"] == dial
+    assert coordinator["transport"]["max_connections"] == 1024
+
+
+def test_tls_default_server_name_and_no_mtls(template):
+    result = template("--set", "tls.enabled=true", "--set", "tls.secretName=certs",
+                      "--set", "metrics.serviceMonitor.enabled=true")
+    assert result.returncode == 0, result.stderr
+    r = parse(result.stdout)
+    server = tomllib.loads(r.config("server.toml"))
+    assert server["transport"]["tls"] == {
+        "cert_file": "/etc/sluice/tls/tls.crt", "key_file": "/etc/sluice/tls/tls.key", "ktls": True}
+    assert server["coordinator_tls"] == {"ca_file": "/etc/sluice/tls/ca.crt", "server_name": "sluice.sluice.svc"}
+    assert r.container(r.server)["lifecycle"]["preStop"]["exec"]["command"][-2:] == [
+        "/etc/sluice/tls/ca.crt", "sluice.sluice.svc"]
+    (monitor,) = r.maybe("ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["tlsConfig"]["serverName"] == "sluice.sluice.svc"
+
+
+def test_service_monitor_scrapes_https_with_tls(full, template):
+    (monitor,) = full.maybe("ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"] == {
+        "ca": {"secret": {"name": "sluice-tls", "key": "ca.crt"}},
+        "serverName": "sluice.example.internal",
+    }
+    result = template("--set", "metrics.serviceMonitor.enabled=true")
+    assert result.returncode == 0, result.stderr
+    (plain,) = parse(result.stdout).maybe("ServiceMonitor")
+    assert "scheme" not in plain["spec"]["endpoints"][0]
+    assert "tlsConfig" not in plain["spec"]["endpoints"][0]
+
+
 def test_service_monitor_selects_both_services(full):
     (monitor,) = full.maybe("ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
@@ -289,6 +360,14 @@ REFUSED = [
     (["--set", "coordinator.config.listen=0.0.0.0:1"], "coordinator.config.listen is set by the chart"),
     (["--set", "server.config.transport.secret=x"], "use transportSecret"),
     (["--set", "tls.enabled=true"], "tls.secretName is required"),
+    (
+        ["--set", "tls.enabled=true", "--set", "tls.secretName=s", "--set", "server.config.transport.tls.ktls=false"],
+        "server.config.transport.tls is set by the chart from the tls values",
+    ),
+    (
+        ["--set", "tls.enabled=true", "--set", "tls.secretName=s", "--set", "server.config.coordinator_tls.ca_file=x"],
+        "server.config.coordinator_tls is set by the chart",
+    ),
     (["--set", "server.podAntiAffinity=sometimes"], "podAntiAffinity"),
     (["--set", "server.persistance.type=hostPath"], "persistance"),
     (["--set", "coordinator.replicas=0"], "replicas"),

@@ -46,3 +46,13 @@ def test_no_third_party_service_registrations(module):
         services = [n for n in z.namelist()
                     if n.startswith("META-INF/services/") and n[-1] != "/"]
     assert services == [], services
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_netty_tcnative_renamed_with_the_relocation_prefix(module):
+    """netty-tcnative's BoringSSL (the default TLS engine) loads under the relocated package
+    only if its library carries the same prefix; else the client falls back to the JDK's."""
+    with zipfile.ZipFile(shaded_jar(module)) as z:
+        names = z.namelist()
+    assert "META-INF/native/libio_sluice_shaded_netty_tcnative_linux_x86_64.so" in names
+    assert any(n.startswith("io/sluice/shaded/io/netty/internal/tcnative/SSL") for n in names)

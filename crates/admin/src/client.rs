@@ -72,6 +72,7 @@ pub struct AdminClient {
     timeout: Duration,
     /// HTTPS, trusting this CA (PEM), for an endpoint whose process runs `[transport.tls]`.
     tls_ca: Option<std::path::PathBuf>,
+    tls_server_name: Option<String>,
 }
 
 /// A connection to the endpoint, plain or TLS.
@@ -98,13 +99,20 @@ impl AdminClient {
     pub fn new(addr: &str, token: Option<String>, timeout: Duration) -> AdminClient {
         let addr = addr.trim().trim_start_matches("http://").trim_start_matches("https://");
         let addr = addr.trim_end_matches('/').to_owned();
-        AdminClient { addr, token, timeout, tls_ca: None }
+        AdminClient { addr, token, timeout, tls_ca: None, tls_server_name: None }
     }
 
     /// Talks HTTPS, checking the endpoint's certificate against the CA in `ca` (PEM) and the
     /// address's IP.
     pub fn with_tls_ca(mut self, ca: std::path::PathBuf) -> AdminClient {
         self.tls_ca = Some(ca);
+        self
+    }
+
+    /// With HTTPS: checks the endpoint's certificate against `name` instead of the address's IP
+    /// (a pod reached at 127.0.0.1 whose certificate names its DNS names).
+    pub fn with_tls_server_name(mut self, name: String) -> AdminClient {
+        self.tls_server_name = Some(name);
         self
     }
 
@@ -132,8 +140,14 @@ impl AdminClient {
                 let cfg =
                     sluice_transport::TlsClientConfig { ca_file: ca.clone(), ..Default::default() };
                 let cfg = cfg.load().map_err(|e| unreachable(e.to_string()))?;
-                let ip = stream.peer_addr().map_err(|e| unreachable(e.to_string()))?.ip();
-                let name = rustls_pki_types::ServerName::IpAddress(ip.into());
+                let name = match &self.tls_server_name {
+                    Some(n) => rustls_pki_types::ServerName::try_from(n.clone())
+                        .map_err(|e| unreachable(format!("TLS server name {n}: {e}")))?,
+                    None => {
+                        let ip = stream.peer_addr().map_err(|e| unreachable(e.to_string()))?.ip();
+                        rustls_pki_types::ServerName::IpAddress(ip.into())
+                    }
+                };
                 let connect = tokio_rustls::TlsConnector::from(cfg).connect(name, stream);
                 let tls = tokio::time::timeout(self.timeout, connect)
                     .await

@@ -32,4 +32,6 @@ mod server;
 pub use client::{segment, AdminClient, Answer, ClientError};
 pub use coordinator::router as coordinator_router;
 pub use http::serve;
+/// The HTTP method of [`AdminClient::call`].
+pub use hyper::Method;
 pub use server::router as server_router;

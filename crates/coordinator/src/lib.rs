@@ -319,6 +319,8 @@ pub struct Coordinator {
     serving: AtomicBool,
     /// Connections to the peers (`peers`), made on first use.
     peer_pool: std::sync::OnceLock<sluice_transport::Pool>,
+    /// Counters of its listener (handshakes, refusals, TLS), in its metrics.
+    stats: Arc<TransportStats>,
 }
 
 /// A refused request: the `Error` message its requester gets.
@@ -339,6 +341,7 @@ impl Coordinator {
             view: Mutex::new(View::default()),
             serving: AtomicBool::new(false),
             peer_pool: std::sync::OnceLock::new(),
+            stats: Arc::new(TransportStats::default()),
         }))
     }
 
@@ -867,11 +870,12 @@ impl Coordinator {
         let transport = self.config.transport.clone();
         self.serving.store(true, Ordering::Release);
         let me = self.clone();
+        let stats = self.stats.clone();
         let r = sluice_transport::serve(
             listener,
             Arc::new(CoordHandler(self)),
             transport,
-            Arc::new(TransportStats::default()),
+            stats,
             shutdown,
         )
         .await;

@@ -277,7 +277,8 @@ impl Coordinator {
 
     /// Prometheus text of the coordinator's gauges: live servers, servers by state,
     /// applications and shuffles registered, applications and users at quota; and counters:
-    /// splits made, shuffle registrations refused at quota.
+    /// splits made, shuffle registrations refused at quota; and its listener's counters:
+    /// connections, refused handshakes and requests, failed TLS handshakes.
     pub fn metrics(&self) -> String {
         let live = self.live_servers().len();
         let servers = self.servers_report();
@@ -312,6 +313,17 @@ impl Coordinator {
         for holder in ["app", "user"] {
             let n = at_quota.iter().filter(|(h, _)| *h == holder).count();
             out.push_str(&format!("sluice_coordinator_at_quota{{holder=\"{holder}\"}} {n}\n"));
+        }
+        let t = self.stats.snapshot();
+        for (name, kind, v) in [
+            ("sluice_coordinator_connections_open", "gauge", t.connections_open),
+            ("sluice_coordinator_connections_accepted_total", "counter", t.connections_accepted),
+            ("sluice_coordinator_handshakes_failed_total", "counter", t.handshakes_failed),
+            ("sluice_coordinator_requests_unauthorized_total", "counter", t.requests_unauthorized),
+            ("sluice_coordinator_tls_handshakes_failed_total", "counter", t.tls_handshakes_failed),
+            ("sluice_coordinator_protocol_errors_total", "counter", t.protocol_errors),
+        ] {
+            out.push_str(&format!("# TYPE {name} {kind}\n{name} {v}\n"));
         }
         out
     }

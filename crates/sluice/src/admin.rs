@@ -38,6 +38,10 @@ pub struct AdminArgs {
     /// `[transport.tls]` (their admin endpoint serves HTTPS then).
     #[arg(long, env = "SLUICE_ADMIN_TLS_CA_FILE", global = true)]
     tls_ca_file: Option<std::path::PathBuf>,
+    /// HTTPS: the name the endpoints' certificates are checked against (default: the address's
+    /// IP), e.g. a pod's DNS name when it is reached at 127.0.0.1.
+    #[arg(long, env = "SLUICE_ADMIN_TLS_SERVER_NAME", global = true)]
+    tls_server_name: Option<String>,
     #[command(subcommand)]
     command: AdminCommand,
 }
@@ -90,6 +94,18 @@ enum AdminCommand {
         #[arg(long)]
         server: String,
     },
+    /// One request to any process's admin endpoint, as scripts need it (the servers' preStop
+    /// hook under TLS): prints the HTTP status code on the first line, then the body. Exit 0 for
+    /// any answer, whatever its status; 3 when none came.
+    Request {
+        /// The admin address (a `--metrics-listen`), `HOST:PORT`.
+        #[arg(long)]
+        server: String,
+        /// GET, POST or DELETE.
+        method: String,
+        /// The path, e.g. /api/v1/status.
+        path: String,
+    },
 }
 
 /// A failed command: its message and exit code.
@@ -125,11 +141,14 @@ fn coordinator(args: &AdminArgs) -> Result<AdminClient, Failure> {
 
 fn client(args: &AdminArgs, addr: &str) -> AdminClient {
     let timeout = Duration::from_secs(args.request_timeout_secs.max(1));
-    let c = AdminClient::new(addr, args.token.clone(), timeout);
-    match &args.tls_ca_file {
-        Some(ca) => c.with_tls_ca(ca.clone()),
-        None => c,
+    let mut c = AdminClient::new(addr, args.token.clone(), timeout);
+    if let Some(ca) = &args.tls_ca_file {
+        c = c.with_tls_ca(ca.clone());
     }
+    if let Some(name) = &args.tls_server_name {
+        c = c.with_tls_server_name(name.clone());
+    }
+    c
 }
 
 /// Prints `value` as JSON, or `table` for people.
@@ -176,6 +195,17 @@ async fn command(args: &AdminArgs) -> Result<(), Failure> {
         AdminCommand::Status { server } => {
             let s = client(args, server).status().await?;
             print(args.json, &s, status_text);
+        }
+        AdminCommand::Request { server, method, path } => {
+            let method = match method.to_ascii_uppercase().as_str() {
+                "GET" => sluice_admin::Method::GET,
+                "POST" => sluice_admin::Method::POST,
+                "DELETE" => sluice_admin::Method::DELETE,
+                m => return Err(Failure(format!("method {m}: GET, POST or DELETE"), 2)),
+            };
+            let a = client(args, server).call(method, path, Default::default()).await?;
+            println!("{}", a.status.as_u16());
+            println!("{}", String::from_utf8_lossy(&a.body).trim_end());
         }
     }
     Ok(())

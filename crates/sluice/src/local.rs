@@ -228,6 +228,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
     let held = server_sum("sluice_server_pushes_held_total");
     let sendfile_bytes = server_sum("sluice_server_sendfile_bytes_total");
     let tls_file_bytes = server_sum("sluice_server_tls_file_bytes_total");
+    let ktls_connections = server_sum("sluice_server_ktls_connections_total");
     let sendfile_calls = server_sum("sluice_server_sendfile_calls_total");
     let records: u64 =
         expect.count.iter().map(|c| c.load(std::sync::atomic::Ordering::Relaxed)).sum();
@@ -259,6 +260,7 @@ pub async fn run(args: LocalArgs) -> anyhow::Result<bool> {
         "sendfile_bytes": sendfile_bytes,
         "tls": args.tls,
         "tls_file_bytes": tls_file_bytes,
+        "ktls_connections": ktls_connections,
         "sendfile_calls": sendfile_calls,
         "memory_budget_bytes": args.memory_budget,
         "servers": args.servers,

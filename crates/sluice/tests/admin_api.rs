@@ -39,6 +39,9 @@ const SERVER_METRICS: &[&str] = &[
     "sluice_server_handshakes_failed_total",
     "sluice_server_tls_connections_user_space_total",
     "sluice_server_tls_handshakes_failed_total",
+    "sluice_server_ktls_connections_total",
+    "sluice_server_ktls_fallbacks_total",
+    "sluice_server_ktls_failures_total",
     "sluice_server_tls_bytes_total",
     "sluice_server_tls_file_bytes_total",
     "sluice_server_ktls_available",
@@ -209,6 +212,10 @@ async fn every_endpoint_answers_as_the_openapi_document_says() {
             "sluice_coordinator_servers{state=\"lost\"} 0",
             "sluice_coordinator_applications 1",
             "sluice_coordinator_shuffles 1",
+            // No credential is configured here: nothing refused.
+            "sluice_coordinator_handshakes_failed_total 0",
+            "sluice_coordinator_requests_unauthorized_total 0",
+            "sluice_coordinator_tls_handshakes_failed_total 0",
         ] {
             assert!(text.lines().any(|l| l == line), "no `{line}` in {text}");
         }

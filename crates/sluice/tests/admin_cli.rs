@@ -190,6 +190,22 @@ async fn sluice_admin_commands_against_a_kept_local_cluster() {
         let st = json(&run(vec!["status", "--server", srv, "--json"], vec![]).await.unwrap());
         api.check_schema("ServerStatus", &st);
         assert_eq!(st["shuffles_held"], 1);
+        // request: any endpoint, its status code on the first line and its body after.
+        let out = run(vec!["request", "--server", srv, "GET", "/api/v1/status"], vec![]);
+        let out = out.await.unwrap();
+        assert_eq!(code(&out), 0);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (status, body) = text.split_once('\n').expect("a status line, then the body");
+        assert_eq!(status, "200");
+        let body: Value = serde_json::from_str(body).expect("the status as JSON");
+        assert_eq!(body["shuffles_held"], 1);
+        // A refusal is an answer too (exit 0): the drain without the token is a 401.
+        let out = run(vec!["request", "--server", srv, "POST", "/api/v1/drain"], vec![]);
+        let out = out.await.unwrap();
+        assert_eq!(code(&out), 0);
+        assert!(String::from_utf8_lossy(&out.stdout).starts_with("401\n"));
+        let bad = run(vec!["request", "--server", srv, "PATCH", "/x"], vec![]).await.unwrap();
+        assert_eq!(code(&bad), 2, "an unknown method is a usage error");
 
         // drain: refused without the token; with it, --wait lasts until the shuffle is gone.
         let refused = run([&cc[..], &["drain", &id]].concat(), vec![]).await.unwrap();
@@ -248,6 +264,8 @@ async fn sluice_admin_commands_against_a_kept_local_cluster() {
         };
         let unreachable = run(vec!["--coordinator", gone.as_str(), "servers"], vec![]).await;
         assert_eq!(code(&unreachable.unwrap()), 3);
+        let nobody = run(vec!["request", "--server", gone.as_str(), "GET", "/healthz"], vec![]);
+        assert_eq!(code(&nobody.await.unwrap()), 3);
         assert_eq!(code(&run(vec!["servers"], vec![]).await.unwrap()), 2, "no coordinator");
         assert_eq!(code(&run([&cc[..], &["frobnicate"]].concat(), vec![]).await.unwrap()), 2);
         assert_eq!(code(&run([&cc[..], &["drain"]].concat(), vec![]).await.unwrap()), 2);

@@ -97,7 +97,16 @@ async fn an_application_cannot_touch_another_applications_data() {
         let scratch = Scratch::new();
         let coord = scratch.spawn(
             "coordinator",
-            &["coordinator", "--listen", "127.0.0.1:0", "--set", &key_set()].map(String::from),
+            &[
+                "coordinator",
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--set",
+                &key_set(),
+            ]
+            .map(String::from),
         );
         let server = scratch.server(&ServerSpec {
             coordinator: Some(coord.addr),
@@ -233,6 +242,21 @@ async fn an_application_cannot_touch_another_applications_data() {
         let refused = metric(&m, "sluice_server_requests_unauthorized_total");
         // 11 refused by the transport (all but the two stream requests, refused by the server).
         assert!(refused >= 9.0, "unauthorized requests counted: {refused}");
+
+        // The coordinator counts like the servers: bob's four refused requests, then a
+        // handshake with another application's credential.
+        let m = coord.metrics().await;
+        assert_eq!(metric(&m, "sluice_coordinator_requests_unauthorized_total"), 4.0);
+        assert_eq!(metric(&m, "sluice_coordinator_handshakes_failed_total"), 0.0);
+        match connect(coord.addr, A, &app_credential(KEY, B)).await {
+            Err(TransportError::Remote { code, .. }) => assert_eq!(code, ErrorCode::AuthFailed),
+            Err(e) => panic!("expected AUTH_FAILED, got {e}"),
+            Ok(_) => panic!("the coordinator took bob's credential for alice"),
+        }
+        let m = coord.metrics().await;
+        assert_eq!(metric(&m, "sluice_coordinator_handshakes_failed_total"), 1.0);
+        assert_eq!(metric(&m, "sluice_coordinator_tls_handshakes_failed_total"), 0.0);
+        assert!(metric(&m, "sluice_coordinator_connections_accepted_total") >= 3.0);
     })
     .await
 }

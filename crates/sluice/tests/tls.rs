@@ -1,8 +1,12 @@
 //! TLS with real processes (docs/security.md): a server with a certificate from a throw-away CA,
 //! mutual TLS, and the ways a connection can fail — a plain-text client, an untrusted CA, an
 //! expired certificate, no client certificate — each a clear error while the server goes on
-//! serving. Chunks go out encrypted in user space (this kernel has no kTLS): the server counts
-//! them there and sends nothing with `sendfile`. Certificates reload on `SIGHUP`.
+//! serving. Chunks go out encrypted in user space when kTLS is off (by configuration, or because
+//! the kernel lacks it): the server counts them there, sends nothing with `sendfile` and names the
+//! path and its reason in its log. Where the kernel has kTLS (`tls` in
+//! /proc/sys/net/ipv4/tcp_available_ulp) the keys go to the kernel and chunks go out with
+//! `sendfile`; elsewhere that test is ignored, `KTLS TEST NOT RUN` (build.rs, `cfg(no_ktls)`).
+//! Certificates reload on `SIGHUP`.
 
 mod utils;
 
@@ -107,11 +111,10 @@ async fn tls_with_client_certificates_and_every_way_to_fail() {
         let pki = TestPki::new(dir, "cluster").unwrap();
         let (cert, key) = pki.issue("server", &["127.0.0.1", "localhost"], false).unwrap();
         let client_cert = pki.issue("client", &["tls-client"], false).unwrap();
-        let mut server = scratch.server(&ServerSpec {
-            metrics: true,
-            sets: tls_sets(&cert, &key, Some(&pki.ca_file())),
-            ..Default::default()
-        });
+        // kTLS off by configuration: the user-space path, on any kernel.
+        let mut sets = tls_sets(&cert, &key, Some(&pki.ca_file()));
+        sets.push("transport.tls.ktls=false".into());
+        let mut server = scratch.server(&ServerSpec { metrics: true, sets, ..Default::default() });
         // The metrics endpoint runs TLS too (same certificate): a plain scrape gets nothing.
         let plain_scrape =
             sluice_testkit::scrape(server.metrics.unwrap(), std::time::Duration::from_secs(5));
@@ -141,13 +144,19 @@ async fn tls_with_client_certificates_and_every_way_to_fail() {
         assert_eq!(read, pushed, "bytes read back through TLS differ from those pushed");
         let m = server.metrics().await;
         // The fallback path: chunks were read and encrypted in user space, never sendfile'd.
-        assert_eq!(metric(&m, "sluice_server_ktls_available"), 0.0, "this kernel has no kTLS");
         assert!(metric(&m, "sluice_server_tls_file_bytes_total") >= pushed.len() as f64);
         assert_eq!(metric(&m, "sluice_server_sendfile_bytes_total"), 0.0, "plain bytes sent");
-        assert!(metric(&m, "sluice_server_tls_connections_user_space_total") >= 1.0);
+        assert_eq!(metric(&m, "sluice_server_ktls_connections_total"), 0.0, "kTLS is off");
+        let user_space = metric(&m, "sluice_server_tls_connections_user_space_total");
+        assert!(user_space >= 1.0);
+        // Every connection that finished its TLS handshake fell back, counted.
+        assert_eq!(metric(&m, "sluice_server_ktls_fallbacks_total"), user_space);
         assert!(metric(&m, "sluice_server_tls_handshakes_failed_total") >= 4.0);
         let log = std::fs::read_to_string(server.log_path().expect("a log file")).unwrap();
-        assert!(log.contains("no kTLS in this kernel"), "the path is named in the log");
+        assert!(
+            log.contains("TLS: user space: kTLS is off in the configuration"),
+            "the path and its reason are named in the log"
+        );
 
         // An expired certificate: refused by the client, with the reason.
         let (old_cert, old_key) = pki.issue("expired", &["127.0.0.1"], true).unwrap();
@@ -209,6 +218,82 @@ async fn tls_with_client_certificates_and_every_way_to_fail() {
     .await
 }
 
+/// A TLS server with kTLS on (the default), one client, one round trip: returns the bytes pushed
+/// and read back, the server's metrics and its log.
+async fn ktls_round_trip(
+    scratch: &Scratch,
+) -> (Vec<u8>, Vec<u8>, std::collections::HashMap<String, f64>, String) {
+    let pki = TestPki::new(scratch.path(), "ktls").unwrap();
+    let (cert, key) = pki.issue("server", &["127.0.0.1"], false).unwrap();
+    let server = scratch.server(&ServerSpec {
+        metrics: true,
+        sets: tls_sets(&cert, &key, None),
+        ..Default::default()
+    });
+    let c = Connection::connect(server.addr, &tls_client(&pki.ca_file(), None)).await.unwrap();
+    let (pushed, read) = round_trip(&c, "tls-app").await;
+    let mut server = server;
+    server.tls_ca = Some(pki.ca_file());
+    let m = server.metrics().await;
+    let log = std::fs::read_to_string(server.log_path().expect("a log file")).unwrap();
+    (pushed, read, m, log)
+}
+
+/// kTLS for real: the keys go to the kernel after the handshake, chunks go out with `sendfile`
+/// on the kTLS socket (the kernel encrypting them) and arrive byte-identical through the
+/// client's rustls. Needs `tls` in /proc/sys/net/ipv4/tcp_available_ulp (`modprobe tls`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    no_ktls,
+    ignore = "KTLS TEST NOT RUN: this kernel has no `tls` ULP (/proc/sys/net/ipv4/tcp_available_ulp; modprobe tls)"
+)]
+async fn ktls_sends_chunks_with_sendfile_where_the_kernel_has_it() {
+    if !sluice_transport::ktls_available() {
+        // Built where the kernel had kTLS, run where it has not: say so, assert nothing.
+        eprintln!("KTLS TEST NOT RUN: no `tls` in /proc/sys/net/ipv4/tcp_available_ulp");
+        return;
+    }
+    bounded("ktls_sends_chunks_with_sendfile_where_the_kernel_has_it", 60, async {
+        let scratch = Scratch::new();
+        let (pushed, read, m, log) = ktls_round_trip(&scratch).await;
+        assert_eq!(read, pushed, "bytes read back through kTLS differ from those pushed");
+        assert_eq!(metric(&m, "sluice_server_ktls_connections_total"), 1.0, "{log}");
+        assert_eq!(metric(&m, "sluice_server_ktls_fallbacks_total"), 0.0);
+        assert_eq!(metric(&m, "sluice_server_ktls_failures_total"), 0.0);
+        assert!(metric(&m, "sluice_server_sendfile_bytes_total") > 0.0, "no sendfile under kTLS");
+        assert_eq!(metric(&m, "sluice_server_tls_file_bytes_total"), 0.0, "chunks in user space");
+        assert!(log.contains("TLS: kTLS: the session keys went to the kernel"), "{log}");
+    })
+    .await
+}
+
+/// Where the kernel has no kTLS, kTLS on (the default) falls back to user space before the keys
+/// leave rustls: the connection works, byte-identical, counted as a fallback, the reason logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(no_ktls),
+    ignore = "this kernel has kTLS: its absence cannot be seen here (the kTLS test runs instead)"
+)]
+async fn without_ktls_in_the_kernel_tls_falls_back_to_user_space() {
+    bounded("without_ktls_in_the_kernel_tls_falls_back_to_user_space", 60, async {
+        let scratch = Scratch::new();
+        let (pushed, read, m, log) = ktls_round_trip(&scratch).await;
+        assert_eq!(read, pushed, "bytes read back through TLS differ from those pushed");
+        assert_eq!(metric(&m, "sluice_server_ktls_available"), 0.0);
+        assert_eq!(metric(&m, "sluice_server_ktls_connections_total"), 0.0);
+        assert_eq!(metric(&m, "sluice_server_ktls_fallbacks_total"), 1.0);
+        assert_eq!(metric(&m, "sluice_server_ktls_failures_total"), 0.0);
+        assert_eq!(metric(&m, "sluice_server_tls_connections_user_space_total"), 1.0);
+        assert_eq!(metric(&m, "sluice_server_sendfile_bytes_total"), 0.0);
+        assert!(metric(&m, "sluice_server_tls_file_bytes_total") >= pushed.len() as f64);
+        assert!(
+            log.contains("TLS: user space: the kernel refused the `tls` ULP (kTLS)"),
+            "the reason is not in the log: {log}"
+        );
+    })
+    .await
+}
+
 /// `sluice admin` against a coordinator whose listeners run TLS: its admin endpoint serves
 /// HTTPS; with the CA the command works, without it (plain HTTP) it fails with a message.
 #[test]
@@ -249,4 +334,28 @@ fn sluice_admin_talks_https_to_a_tls_coordinator() {
     assert!(!plain.status.success(), "plain HTTP answered by a TLS endpoint");
     let why = String::from_utf8_lossy(&plain.stderr);
     assert!(why.contains(admin.as_str()), "the failure names no address: {why}");
+
+    // A plain-text client on the coordinator's protocol port: the TLS handshake fails, the
+    // connection is closed, and the coordinator counts it like a server does.
+    use std::io::{Read, Write};
+    let scrape = || {
+        let addr = coord.metrics.unwrap();
+        sluice_testkit::scrape_tls(addr, std::time::Duration::from_secs(5), Some(&pki.ca_file()))
+            .expect("the coordinator's metrics over HTTPS")
+    };
+    assert_eq!(metric(&scrape(), "sluice_coordinator_tls_handshakes_failed_total"), 0.0);
+    let mut s = std::net::TcpStream::connect(coord.addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    s.write_all(b"SLUICE plain text, not a TLS ClientHello\r\n\r\n").unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest); // the coordinator closes (an alert at most)
+    let mut counted = 0.0;
+    for _ in 0..50 {
+        counted = metric(&scrape(), "sluice_coordinator_tls_handshakes_failed_total");
+        if counted > 0.0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(counted, 1.0, "failed TLS handshakes on the coordinator");
 }

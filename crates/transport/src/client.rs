@@ -190,7 +190,7 @@ impl Connection {
                     }
                 };
                 let (rd, wr) = tokio::io::split(TlsStream::Client(s));
-                (Box::new(rd), Sink::Tls(wr))
+                (Box::new(rd), Sink::Tls(Box::new(wr)))
             }
         };
 

@@ -20,8 +20,11 @@
 //! - `secret`: [`constant_time_eq`], per-application credentials ([`app_credential`]) and the
 //!   handshake's proof, and the rules for the admin API's token.
 //! - `tls`: [`TlsServerConfig`] / [`TlsClientConfig`] (rustls, PEM files, reload on change or
-//!   `SIGHUP`, optional mTLS) and which path encrypts (kTLS or user space).
-//! - `stream`: [`Sink`], a connection's write half, plain (`writev`, `sendfile`) or TLS.
+//!   `SIGHUP`, optional mTLS).
+//! - `ktls`: after a server's TLS handshake, the session keys handed to the kernel (kTLS) where
+//!   it takes them, else rustls encrypting in user space: counted and logged.
+//! - `stream`: [`Sink`], a connection's write half, plain or kTLS (`writev`, `sendfile`) or TLS
+//!   in user space.
 //! - `sys`: the raw `sendfile` / `posix_fadvise` / `pread` calls; `socket`: socket options.
 
 #![warn(missing_docs)]
@@ -32,6 +35,7 @@ mod client;
 mod codec;
 mod config;
 mod error;
+mod ktls;
 mod outbound;
 mod pool;
 mod secret;

@@ -450,7 +450,7 @@ impl Writer {
             }
         }
         let n = match &mut self.wr {
-            Sink::Plain(wr) => loop {
+            Sink::Plain(wr) | Sink::Ktls(wr) => loop {
                 match wr.try_write_vectored(&iov) {
                     Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero).into()),
                     Ok(n) => break n,
@@ -508,7 +508,7 @@ impl Writer {
         let f = self.queue.front_mut().expect("front frame");
         let (region, within) = f.body.region_at(f.body_off).expect("front body has bytes left");
         let region = region.clone();
-        let moved = if let (true, Sink::Plain(wr)) = (self.zero_copy, &self.wr) {
+        let moved = if let (true, Sink::Plain(wr) | Sink::Ktls(wr)) = (self.zero_copy, &self.wr) {
             let mut off = region.offset + within;
             let want = usize::try_from(region.len - within).unwrap_or(usize::MAX);
             let sock = wr.as_ref().as_raw_fd();
@@ -577,7 +577,7 @@ impl Writer {
         }
         let chunk = &self.copy_buf[self.copy_pos..self.copy_end];
         let wr = match &mut self.wr {
-            Sink::Plain(wr) => wr,
+            Sink::Plain(wr) | Sink::Ktls(wr) => wr,
             Sink::Tls(wr) => {
                 let n = tls_write(&self.shared, wr.write(chunk)).await?;
                 self.copy_pos += n;

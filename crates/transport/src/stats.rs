@@ -44,6 +44,15 @@ stats! {
     tls_file_bytes,
     /// TLS connections whose bytes rustls encrypts in user space (no kTLS).
     tls_connections_user_space,
+    /// TLS connections whose keys went to the kernel (kTLS): file bodies go out with
+    /// `sendfile` (counted in `sendfile_bytes`), the kernel encrypting them.
+    ktls_connections,
+    /// TLS connections kept in user space instead of kTLS: kTLS off in the configuration, or the
+    /// kernel lacking it or the negotiated cipher (decided before the keys leave rustls).
+    ktls_fallbacks,
+    /// kTLS hand-offs that failed after the keys had left rustls (the socket broke while
+    /// draining, or the kernel refused what its probe accepted): that connection was closed.
+    ktls_failures,
     /// TLS handshakes that failed (a plain-text client, an untrusted or expired certificate, a
     /// client without the certificate mTLS asks for).
     tls_handshakes_failed,

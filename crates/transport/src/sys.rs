@@ -175,3 +175,68 @@ pub(crate) fn pread(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usiz
         std::os::windows::fs::FileExt::seek_read(file, buf, offset)
     }
 }
+
+/// TLS record content types the kernel names in kTLS control messages.
+pub(crate) const TLS_RECORD_ALERT: u8 = 21;
+pub(crate) const TLS_RECORD_HANDSHAKE: u8 = 22;
+
+/// A control message buffer for one byte (`SOL_TLS` record type), aligned as `cmsghdr` wants.
+#[repr(C, align(8))]
+struct RecordTypeCmsg([u8; 32]);
+
+/// Sends a TLS `close_notify` alert on a kTLS socket: the record type goes in a `SOL_TLS`
+/// `TLS_SET_RECORD_TYPE` control message, the kernel encrypts the two alert bytes.
+pub(crate) fn ktls_send_close_notify(fd: RawFd) -> io::Result<()> {
+    let mut alert = [1u8, 0u8]; // level warning, description close_notify
+    let mut cmsg = RecordTypeCmsg([0; 32]);
+    let mut iov = libc::iovec { iov_base: alert.as_mut_ptr().cast(), iov_len: alert.len() };
+    // SAFETY: an all-zero msghdr is valid; every pointer set below points to a local that
+    // outlives the calls, and the control buffer is large and aligned enough for one cmsghdr
+    // carrying one byte (CMSG_SPACE(1) <= 24 on Linux).
+    let n = unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cmsg.0.as_mut_ptr().cast();
+        msg.msg_controllen = libc::CMSG_SPACE(1) as _;
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_TLS;
+        (*c).cmsg_type = libc::TLS_SET_RECORD_TYPE;
+        (*c).cmsg_len = libc::CMSG_LEN(1) as _;
+        *libc::CMSG_DATA(c) = TLS_RECORD_ALERT;
+        libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT)
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Reads the record a kTLS socket's `read` refused with `EIO` (a record that is not application
+/// data): its content type and up to the first two bytes of its body (an alert's level and
+/// description). `Ok(None)` when no control message came with it.
+pub(crate) fn ktls_read_control_record(fd: RawFd) -> io::Result<Option<(u8, [u8; 2])>> {
+    let mut body = [0u8; 2];
+    let mut cmsg = RecordTypeCmsg([0; 32]);
+    let mut iov = libc::iovec { iov_base: body.as_mut_ptr().cast(), iov_len: body.len() };
+    // SAFETY: as in `ktls_send_close_notify`; the kernel writes at most `msg_controllen` bytes of
+    // control data and `iov_len` bytes of body, and the cmsghdr is read only when it is there.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cmsg.0.as_mut_ptr().cast();
+        msg.msg_controllen = cmsg.0.len() as _;
+        if libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        if c.is_null()
+            || (*c).cmsg_level != libc::SOL_TLS
+            || (*c).cmsg_type != libc::TLS_GET_RECORD_TYPE
+        {
+            return Ok(None);
+        }
+        Ok(Some((*libc::CMSG_DATA(c), body)))
+    }
+}

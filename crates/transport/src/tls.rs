@@ -3,7 +3,6 @@
 //! which path encrypts a connection's bytes (the kernel's kTLS, or rustls in user space).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -29,6 +28,10 @@ pub struct TlsServerConfig {
     /// How often (ms) the files are checked for a change (their modification time); a change,
     /// or `SIGHUP`, reloads them for new connections. 0: only `SIGHUP`.
     pub reload_check_ms: u64,
+    /// Hand each data connection's session keys to the kernel after the handshake (kTLS), so
+    /// chunks keep going out with `sendfile`, where the kernel offers it; elsewhere, or `false`,
+    /// rustls encrypts in user space. Counted and logged either way.
+    pub ktls: bool,
 }
 
 impl Default for TlsServerConfig {
@@ -38,6 +41,7 @@ impl Default for TlsServerConfig {
             key_file: PathBuf::new(),
             client_ca_file: None,
             reload_check_ms: 10_000,
+            ktls: true,
         }
     }
 }
@@ -126,9 +130,17 @@ impl TlsServerConfig {
                 builder.with_client_cert_verifier(verifier)
             }
         };
-        let cfg = builder.with_single_cert(certs(&self.cert_file)?, key(&self.key_file)?).map_err(
-            |e| tls_err(format!("{} / {}: {e}", self.cert_file.display(), self.key_file.display())),
-        )?;
+        let mut cfg = builder
+            .with_single_cert(certs(&self.cert_file)?, key(&self.key_file)?)
+            .map_err(|e| {
+                tls_err(format!("{} / {}: {e}", self.cert_file.display(), self.key_file.display()))
+            })?;
+        if self.ktls {
+            // The keys must leave rustls for the kernel; no TLS 1.3 tickets after the handshake
+            // (nothing resumes sessions here, and no record may trail the hand-off).
+            cfg.enable_secret_extraction = true;
+            cfg.send_tls13_tickets = 0;
+        }
         Ok(cfg)
     }
 
@@ -189,6 +201,11 @@ impl TlsListener {
         let cfg = settings.load()?;
         let stamps = RwLock::new(stamps(&settings.files()));
         Ok(Arc::new(TlsListener { settings, current: RwLock::new(Arc::new(cfg)), stamps }))
+    }
+
+    /// Whether connections' keys go to the kernel where it can take them (`ktls`).
+    pub fn ktls(&self) -> bool {
+        self.settings.ktls
     }
 
     /// The acceptor for the next connection.
@@ -254,21 +271,4 @@ pub fn ktls_available() -> bool {
             .map(|s| s.split_whitespace().any(|u| u == "tls"))
             .unwrap_or(false)
     })
-}
-
-/// Logs once per process which path encrypts TLS connections' bytes.
-pub(crate) fn log_tls_path_once() {
-    static LOGGED: AtomicBool = AtomicBool::new(false);
-    if LOGGED.swap(true, Ordering::Relaxed) {
-        return;
-    }
-    if ktls_available() {
-        tracing::info!(
-            "TLS: the kernel offers kTLS, but this build encrypts in user space (rustls): chunks are read and encrypted, not sent with sendfile"
-        );
-    } else {
-        tracing::info!(
-            "TLS: no kTLS in this kernel (no `tls` in /proc/sys/net/ipv4/tcp_available_ulp): chunks are read and encrypted in user space (rustls), not sent with sendfile"
-        );
-    }
 }

@@ -24,7 +24,7 @@ use crate::outbound::{millis, OutFrame, Outbound, WriterOptions};
 use crate::secret::{app_credential, constant_time_eq, handshake_proof, nonce};
 use crate::socket::configure;
 use crate::stats::TransportStats;
-use crate::stream::{Sink, TlsStream};
+use crate::stream::Sink;
 use crate::tls::TlsListener;
 
 /// How long we keep reading (and dropping) a peer's bytes after a fatal error frame.
@@ -76,17 +76,13 @@ pub(super) async fn run<H: Handler>(
             (FrameReader::new(rd, HANDSHAKE_MAX_FRAME_BYTES, idle), Sink::Plain(wr))
         }
         Some(tls) => {
+            let limit = idle.unwrap_or(Duration::from_secs(10));
             let accepted = tokio::select! {
-                r = tls_accept(tls, stream, idle) => r,
+                r = crate::ktls::accept(tls, stream, limit, &stats) => r,
                 _ = stop.wait_for(|s| *s) => return,
             };
-            let Some(tls_stream) = accepted else {
-                TransportStats::add(&stats.tls_handshakes_failed, 1);
-                return;
-            };
-            TransportStats::add(&stats.tls_connections_user_space, 1);
-            let (rd, wr) = tokio::io::split(tls_stream);
-            (FrameReader::new(rd, HANDSHAKE_MAX_FRAME_BYTES, idle), Sink::Tls(wr))
+            let Some((rd, wr)) = accepted else { return };
+            (FrameReader::new(rd, HANDSHAKE_MAX_FRAME_BYTES, idle), wr)
         }
     };
     reader.set_body_pool(handler.body_pool());
@@ -157,31 +153,6 @@ pub(super) async fn run<H: Handler>(
         }
     }
     handler.connection_closed(&conn);
-}
-
-/// The TLS handshake of an accepted connection, bounded by the idle timeout (10 s when that is
-/// off: a TLS handshake has no reason to take longer). `None` when it failed, logged: a plain-text
-/// client, an untrusted or expired certificate, a missing client certificate under mTLS.
-async fn tls_accept(
-    tls: &TlsListener,
-    stream: TcpStream,
-    idle: Option<Duration>,
-) -> Option<TlsStream> {
-    let limit = idle.unwrap_or(Duration::from_secs(10));
-    match tokio::time::timeout(limit, tls.acceptor().accept(stream)).await {
-        Ok(Ok(s)) => {
-            crate::tls::log_tls_path_once();
-            Some(TlsStream::Server(s))
-        }
-        Ok(Err(e)) => {
-            tracing::info!(error = %e, "TLS handshake failed; closing");
-            None
-        }
-        Err(_) => {
-            tracing::info!(after_ms = limit.as_millis() as u64, "TLS handshake timed out; closing");
-            None
-        }
-    }
 }
 
 async fn finish_writer(

@@ -1,5 +1,5 @@
 #!/bin/bash
-# preStop hook of the server pods: `bash drain.sh PORT DRAIN_SECONDS`.
+# preStop hook of the server pods: `bash drain.sh PORT DRAIN_SECONDS [CA_FILE SERVER_NAME]`.
 #
 # Asks the server to drain through its admin HTTP API on its metrics port (POST /api/v1/drain,
 # with the admin token when SLUICE_SERVER_ADMIN_TOKEN is set), checks that it is draining
@@ -9,20 +9,42 @@
 # most. Kubernetes sends SIGTERM when this hook returns; the server (which would wait for the
 # same on SIGTERM alone) then stops within transport.shutdown_grace_ms;
 # terminationGracePeriodSeconds covers both. Bash's /dev/tcp
-# speaks the HTTP: the image has no curl. If the drain cannot start the hook exits non-zero at
-# once, and SIGTERM stops the server without a drain.
+# speaks the HTTP: the image has no curl. With CA_FILE (the server runs TLS, its metrics port
+# serves HTTPS) the requests go through `sluice admin request` instead, which checks the server's
+# certificate against CA_FILE and SERVER_NAME (`sluice` must be on the PATH, as in the image). If
+# the drain cannot start the hook exits non-zero at once, and SIGTERM stops the server without a
+# drain.
 set -u
-port=${1:?usage: drain.sh METRICS_PORT DRAIN_SECONDS}
-drain_seconds=${2:?usage: drain.sh METRICS_PORT DRAIN_SECONDS}
+port=${1:?usage: drain.sh METRICS_PORT DRAIN_SECONDS [CA_FILE SERVER_NAME]}
+drain_seconds=${2:?usage: drain.sh METRICS_PORT DRAIN_SECONDS [CA_FILE SERVER_NAME]}
+ca_file=${3:-}
+server_name=${4:-}
 
 auth=""
 if [ -n "${SLUICE_SERVER_ADMIN_TOKEN:-}" ]; then
   auth="Authorization: Bearer ${SLUICE_SERVER_ADMIN_TOKEN}"$'\r\n'
 fi
 
+# https METHOD PATH: as `http`, through `sluice admin request` (the token from the environment).
+https() {
+  local out
+  code="" body=""
+  out=$(env ${SLUICE_SERVER_ADMIN_TOKEN:+SLUICE_ADMIN_TOKEN="$SLUICE_SERVER_ADMIN_TOKEN"} \
+    sluice admin --request-timeout-secs 10 \
+    --tls-ca-file "$ca_file" ${server_name:+--tls-server-name "$server_name"} \
+    request --server "127.0.0.1:${port}" "$1" "$2") || return 1
+  code=${out%%$'\n'*}
+  [[ $out == *$'\n'* ]] && body=${out#*$'\n'}
+  return 0
+}
+
 # http METHOD PATH: sets `code` (empty if no answer came) and `body`.
 http() {
   local line
+  if [ -n "$ca_file" ]; then
+    https "$@"
+    return
+  fi
   code="" body=""
   exec 3<>"/dev/tcp/127.0.0.1/${port}" || return 1
   printf '%s %s HTTP/1.1\r\nHost: 127.0.0.1:%s\r\n%sContent-Length: 0\r\nConnection: close\r\n\r\n' \

@@ -115,13 +115,18 @@ because the binary wants integers for sizes and times (a float there stops it at
 {{/*
 A config map with the keys the chart sets itself: `forced` wins over the user's map, `defaults`
 lose to it. Keys the chart sets per pod through the environment (which overrides the file) are
-refused rather than silently ignored. Pass (dict "config" … "forced" … "defaults" … "refused" …
-"what" "server").
+refused rather than silently ignored, and so are those it sets from `tls` (the forced `transport`
+table holds only `tls`: the user's other transport keys merge with it). Pass (dict "config" …
+"forced" … "defaults" … "refused" … "what" "server").
 */}}
 {{- define "sluice.mergeConfig" -}}
 {{- $user := deepCopy (default dict .config) -}}
 {{- range $k := concat (keys .forced) .refused -}}
-{{- if hasKey $user $k -}}
+{{- if and (eq $k "transport") (hasKey $user "transport") -}}
+{{- if hasKey (index $user "transport") "tls" -}}
+{{- fail (printf "%s.config.transport.tls is set by the chart from the tls values; remove it" $.what) -}}
+{{- end -}}
+{{- else if hasKey $user $k -}}
 {{- fail (printf "%s.config.%s is set by the chart (see values.yaml); remove it" $.what $k) -}}
 {{- end -}}
 {{- end -}}
@@ -133,6 +138,10 @@ refused rather than silently ignored. Pass (dict "config" … "forced" … "defa
 
 {{- define "sluice.serverConfig" -}}
 {{- $forced := dict "listen" (printf "0.0.0.0:%d" (int .Values.server.port)) "data_dirs" (include "sluice.dataDirs" . | fromJsonArray) -}}
+{{- if .Values.tls.enabled -}}
+{{- $_ := set $forced "transport" (dict "tls" (include "sluice.tlsListen" . | fromJson)) -}}
+{{- $_ := set $forced "coordinator_tls" (include "sluice.tlsToCoordinators" . | fromJson) -}}
+{{- end -}}
 {{- $defaults := dict "coordinators" (include "sluice.coordinatorAddresses" . | fromJsonArray) -}}
 {{- include "sluice.mergeConfig" (dict "config" .Values.server.config "forced" $forced "defaults" $defaults "refused" (list "server_id" "advertise_host") "what" "server") -}}
 {{- end -}}
@@ -140,6 +149,10 @@ refused rather than silently ignored. Pass (dict "config" … "forced" … "defa
 {{/* Every coordinator is a peer of the others (each also lists itself: harmless, see docs/operations.md). */}}
 {{- define "sluice.coordinatorConfig" -}}
 {{- $forced := dict "listen" (printf "0.0.0.0:%d" (int .Values.coordinator.port)) -}}
+{{- if .Values.tls.enabled -}}
+{{- $_ := set $forced "transport" (dict "tls" (include "sluice.tlsListen" . | fromJson)) -}}
+{{- $_ := set $forced "peer_tls" (include "sluice.tlsToCoordinators" . | fromJson) -}}
+{{- end -}}
 {{- $defaults := dict -}}
 {{- if gt (int .Values.coordinator.replicas) 1 -}}
 {{- $defaults = dict "peers" (include "sluice.coordinatorAddresses" . | fromJsonArray) -}}
@@ -236,12 +249,46 @@ readinessProbe:
   httpGet:
     path: /readyz
     port: metrics
+    {{- if .ctx.Values.tls.enabled }}
+    scheme: HTTPS
+    {{- end }}
   {{- toYaml .values.probes.readiness | nindent 2 }}
 livenessProbe:
   httpGet:
     path: /healthz
     port: metrics
+    {{- if .ctx.Values.tls.enabled }}
+    scheme: HTTPS
+    {{- end }}
   {{- toYaml .values.probes.liveness | nindent 2 }}
+{{- end -}}
+
+{{/* The name every pod's certificate is checked against by servers, the hook and Prometheus. */}}
+{{- define "sluice.tlsServerName" -}}
+{{- .Values.tls.serverName | default (printf "%s.%s.svc" (include "sluice.fullname" .) .Release.Namespace) -}}
+{{- end -}}
+
+{{/*
+[transport.tls] of both components, and the servers' [coordinator_tls], from the mounted Secret
+(as JSON maps, forced over the user's config).
+*/}}
+{{- define "sluice.tlsListen" -}}
+{{- $t := .Values.tls -}}
+{{- $m := dict "cert_file" (printf "%s/tls.crt" $t.mountPath) "key_file" (printf "%s/tls.key" $t.mountPath) "ktls" $t.ktls -}}
+{{- if $t.mutual -}}
+{{- $_ := set $m "client_ca_file" (printf "%s/ca.crt" $t.mountPath) -}}
+{{- end -}}
+{{- toJson $m -}}
+{{- end -}}
+
+{{- define "sluice.tlsToCoordinators" -}}
+{{- $t := .Values.tls -}}
+{{- $m := dict "ca_file" (printf "%s/ca.crt" $t.mountPath) "server_name" (include "sluice.tlsServerName" .) -}}
+{{- if $t.mutual -}}
+{{- $_ := set $m "cert_file" (printf "%s/tls.crt" $t.mountPath) -}}
+{{- $_ := set $m "key_file" (printf "%s/tls.key" $t.mountPath) -}}
+{{- end -}}
+{{- toJson $m -}}
 {{- end -}}
 
 {{/*

@@ -20,8 +20,9 @@ import java.util.Map;
  * <tr><td>sluice.coordinators</td><td>""</td><td>comma-separated host:port of the coordinators</td></tr>
  * <tr><td>sluice.appId</td><td>""</td><td>the application id to use ("": one made from Spark's); fixed by the launcher that issued {@code sluice.secret}</td></tr>
  * <tr><td>sluice.secret</td><td>""</td><td>the credential of {@code sluice.appId} ({@code sluice credential}; "" when auth is off); proved, never sent</td></tr>
- * <tr><td>sluice.tls.enabled</td><td>false</td><td>TLS to the servers and coordinators (Netty's SslHandler, JDK engine)</td></tr>
+ * <tr><td>sluice.tls.enabled</td><td>false</td><td>TLS to the servers and coordinators (Netty's SslHandler; engine: sluice.tls.provider)</td></tr>
  * <tr><td>sluice.tls.caFile</td><td>""</td><td>PEM file of the CA(s) that sign the servers' certificates (checked against the address connected to)</td></tr>
+ * <tr><td>sluice.tls.provider</td><td>openssl</td><td>the TLS engine: openssl (netty-tcnative's BoringSSL, faster; where it cannot load, the JDK's, with a warning), or jdk</td></tr>
  * <tr><td>sluice.tls.certFile, sluice.tls.keyFile</td><td>""</td><td>the client's certificate chain and PKCS#8 key (PEM), for servers that require them (mTLS)</td></tr>
  * <tr><td>sluice.client.connectionsPerPeer</td><td>2</td><td>connections pooled per server</td></tr>
  * <tr><td>sluice.client.connectTimeoutMs</td><td>10000</td><td>TCP connect + handshake timeout</td></tr>
@@ -52,6 +53,7 @@ public final class SluiceConf {
   private final String tlsCaFile;
   private final String tlsCertFile;
   private final String tlsKeyFile;
+  private final String tlsProvider;
   private final int connectionsPerPeer;
   private final int connectTimeoutMs;
   private final int requestTimeoutMs;
@@ -86,6 +88,11 @@ public final class SluiceConf {
     this.tlsCaFile = str("sluice.tls.caFile", "");
     this.tlsCertFile = str("sluice.tls.certFile", "");
     this.tlsKeyFile = str("sluice.tls.keyFile", "");
+    this.tlsProvider = str("sluice.tls.provider", "openssl").toLowerCase(java.util.Locale.ROOT);
+    if (!tlsProvider.equals("jdk") && !tlsProvider.equals("openssl")) {
+      throw new IllegalArgumentException(
+          "sluice.tls.provider must be jdk or openssl, not " + tlsProvider);
+    }
     if (tlsEnabled && tlsCaFile.isEmpty()) {
       throw new IllegalArgumentException("sluice.tls.enabled needs sluice.tls.caFile");
     }
@@ -231,6 +238,14 @@ public final class SluiceConf {
   /** The client certificate's PKCS#8 key (PEM), "" when none. */
   public String tlsKeyFile() {
     return tlsKeyFile;
+  }
+
+  /**
+   * The TLS engine asked for ({@code sluice.tls.provider}): {@code jdk}, or {@code openssl}
+   * (netty-tcnative's BoringSSL, when it loads; else the JDK's, logged).
+   */
+  public String tlsProvider() {
+    return tlsProvider;
   }
 
   /** The application id the launcher fixed ({@code sluice.appId}), "" when none. */

@@ -18,6 +18,7 @@ import io.netty.channel.epoll.EpollSocketChannel;
 import io.netty.channel.nio.NioIoHandler;
 import io.netty.channel.socket.SocketChannel;
 import io.netty.channel.socket.nio.NioSocketChannel;
+import io.netty.handler.ssl.OpenSsl;
 import io.netty.handler.ssl.SslContext;
 import io.netty.handler.ssl.SslContextBuilder;
 import io.netty.handler.ssl.SslHandler;
@@ -64,6 +65,7 @@ public final class TransportClientFactory implements AutoCloseable {
   private final boolean epoll;
   /** TLS of every connection ({@code null}: plain TCP). */
   private final SslContext sslContext;
+  private final String tlsEngine;
   private final ConcurrentHashMap<String, Peer> peers = new ConcurrentHashMap<>();
   private final ConcurrentHashMap<String, BusyGate> busyGates = new ConcurrentHashMap<>();
   private volatile boolean closed;
@@ -98,14 +100,37 @@ public final class TransportClientFactory implements AutoCloseable {
     this.group = new MultiThreadIoEventLoopGroup(conf.ioThreads(),
         new DefaultThreadFactory("sluice-client", true), io);
     this.channelClass = epoll ? EpollSocketChannel.class : NioSocketChannel.class;
-    this.sslContext = conf.tlsEnabled() ? sslContext(conf) : null;
+    SslProvider provider = conf.tlsEnabled() ? tlsProvider(conf) : null;
+    this.sslContext = provider != null ? sslContext(conf, provider) : null;
+    this.tlsEngine = provider != null ? provider.name().toLowerCase(java.util.Locale.ROOT) : "none";
   }
 
-  /** The client side of TLS: the JDK's engine, trusting the configured CA, mTLS when set. */
-  private static SslContext sslContext(SluiceConf conf) {
+  /** The TLS engine connections use: {@code jdk}, {@code openssl}, or {@code none} (plain). */
+  public String tlsEngine() {
+    return tlsEngine;
+  }
+
+  /**
+   * The engine {@code sluice.tls.provider} names: OpenSSL (netty-tcnative's BoringSSL) when asked
+   * for and its native library loads, else the JDK's, with a warning saying why.
+   */
+  static SslProvider tlsProvider(SluiceConf conf) {
+    if (conf.tlsProvider().equals("openssl")) {
+      if (OpenSsl.isAvailable()) {
+        return SslProvider.OPENSSL;
+      }
+      LOG.warn("sluice.tls.provider=openssl: netty-tcnative could not be loaded ({}); "
+          + "TLS uses the JDK engine", String.valueOf(OpenSsl.unavailabilityCause()));
+    }
+    return SslProvider.JDK;
+  }
+
+  /** The client side of TLS: the configured engine, trusting the configured CA, mTLS when set. */
+  private static SslContext sslContext(SluiceConf conf, SslProvider provider) {
     try {
+      LOG.info("TLS to the servers with the {} engine", provider);
       SslContextBuilder b = SslContextBuilder.forClient()
-          .sslProvider(SslProvider.JDK)
+          .sslProvider(provider)
           .trustManager(new File(conf.tlsCaFile()));
       if (!conf.tlsCertFile().isEmpty()) {
         b.keyManager(new File(conf.tlsCertFile()), new File(conf.tlsKeyFile()));

@@ -209,8 +209,9 @@ public final class PushBench {
         totalWallS += wallS;
         totalCpuS += cpuS;
         lines.add(String.format(java.util.Locale.ROOT, "{\"round\": %d, \"bytes\": %d, "
-            + "\"gbps\": %.3f, \"cpu_s_per_gb\": %.3f, \"jit_ms\": %d}", r, bytes,
-            bytes / wallS / 1e9, cpuS / (bytes / 1e9), jit.getTotalCompilationTime() - jit0)
+            + "\"gbps\": %.3f, \"cpu_s_per_gb\": %.3f, \"jit_ms\": %d, \"tls_engine\": \"%s\"}",
+            r, bytes, bytes / wallS / 1e9, cpuS / (bytes / 1e9),
+            jit.getTotalCompilationTime() - jit0, factory.tlsEngine())
             .replace("}", read + "}"));
       }
       coord.unregisterApp(app);

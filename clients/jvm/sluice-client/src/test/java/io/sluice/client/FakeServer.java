@@ -124,6 +124,11 @@ final class FakeServer implements AutoCloseable {
   }
 
   FakeServer(int port) throws InterruptedException {
+    this(port, null);
+  }
+
+  /** With {@code tls}: every connection speaks TLS first (the server side of that context). */
+  FakeServer(int port, io.netty.handler.ssl.SslContext tls) throws InterruptedException {
     serverChannel = new ServerBootstrap()
         .group(GROUP)
         .channel(NioServerSocketChannel.class)
@@ -133,6 +138,9 @@ final class FakeServer implements AutoCloseable {
             accepted.incrementAndGet();
             channels.add(ch);
             ch.closeFuture().addListener(f -> channels.remove(ch));
+            if (tls != null) {
+              ch.pipeline().addLast(tls.newHandler(ch.alloc()));
+            }
             ch.pipeline()
                 .addLast(new FrameDecoder(FrameHeader.HANDSHAKE_MAX_FRAME_BYTES))
                 .addLast(new FrameEncoder(FrameHeader.HANDSHAKE_MAX_FRAME_BYTES))
