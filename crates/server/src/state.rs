@@ -565,7 +565,9 @@ impl ServerState {
                 ranges: ranges.iter().map(|r| r.offset..r.offset + r.len).collect(),
             }),
         };
-        let (chunks, committed) = shuffle.open_stream(&o, body)?;
+        // Chunks merged for the stream stay within the reader's frames.
+        let room = (max_frame as u64).saturating_sub(chunk_frame_overhead());
+        let (chunks, committed) = shuffle.open_stream_within(&o, room, body)?;
         let Some(chunks) = chunks.into_iter().collect::<Option<Vec<ChunkBody>>>() else {
             let why = format!("partition {}: a chunk in a file never written", o.partition_id);
             tracing::error!(shuffle = %shuffle.key(), "{why}");
@@ -574,7 +576,6 @@ impl ServerState {
         // Each chunk goes out as one ChunkData frame, which must fit the frames this connection
         // agreed on: a reader that proposed smaller frames than the writers used would otherwise
         // fail on the first large chunk, after the stream was opened, with no hint why.
-        let room = (max_frame as u64).saturating_sub(chunk_frame_overhead());
         if let Some((i, c)) = chunks.iter().enumerate().find(|(_, c)| c.len() > room) {
             return Err(Refusal::new(
                 ErrorCode::InvalidRequest,

@@ -549,10 +549,23 @@ impl<F: Clone> Shuffle<F> {
     /// What a stream of `o` serves: the attempts it reads (sorted by map) and, of each chunk
     /// holding any of their batches, those batches' byte ranges, made into a body by `body`
     /// (given the chunk's file). A map attempt the stream would read but that has no complete
-    /// copy here is `DATA_LOST`: the reader fails over, never reads a partial copy.
+    /// copy here is `DATA_LOST`: the reader fails over, never reads a partial copy. Consecutive
+    /// chunks of a file are served as one of up to the shuffle's chunk size.
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn open_stream<B>(
         &self,
         o: &OpenStream,
+        body: impl FnMut(ChunkSource<'_, F>, &[ByteRange]) -> B,
+    ) -> Result<(Vec<B>, Vec<CommittedMap>), Refusal> {
+        self.open_stream_within(o, self.chunk_bytes, body)
+    }
+
+    /// [`Self::open_stream`], merging consecutive chunks only up to `max_chunk` bytes (what
+    /// the reader's frames hold, when less than the chunk size).
+    pub fn open_stream_within<B>(
+        &self,
+        o: &OpenStream,
+        max_chunk: u64,
         body: impl FnMut(ChunkSource<'_, F>, &[ByteRange]) -> B,
     ) -> Result<(Vec<B>, Vec<CommittedMap>), Refusal> {
         let state = self.lifecycle();
@@ -621,7 +634,7 @@ impl<F: Clone> Shuffle<F> {
                 .binary_search_by_key(&map, |c| c.map_id)
                 .is_ok_and(|i| committed[i].attempt_id == attempt)
         };
-        let bodies = p.lock().serve(span, wanted, self.chunk_bytes, body)?;
+        let bodies = p.lock().serve(span, wanted, max_chunk.min(self.chunk_bytes), body)?;
         Ok((bodies, committed))
     }
 

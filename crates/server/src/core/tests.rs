@@ -476,3 +476,42 @@ fn a_partition_reaching_the_split_threshold_is_named_in_each_push_from_then_on()
         never.flushed(plan, FlushOutcome::Written);
     }
 }
+
+#[test]
+fn consecutive_small_chunks_of_a_file_are_served_as_one_within_the_chunk_size_and_the_frame() {
+    let files = Numbers::default();
+    let budget = MemoryBudget::new(1 << 20, 0.9, 0.95, 0.5);
+    let s = shuffle(1000);
+    // Every push flushed at once (as while the flushers are idle): four chunks in file 0.
+    let mut batches = [0u32; 2];
+    for (map, len) in [(0, 280), (1, 280), (0, 280), (1, 600)] {
+        let body = batch_body(map, 0, len);
+        let r = budget.try_reserve(body.len() as u64);
+        let pushed = s.push_flushing_at(&[section(0, &body)], &body, r, &files, 1);
+        assert_eq!(pushed.flushes.len(), 1, "flushed early");
+        for plan in pushed.flushes {
+            s.flushed(plan, FlushOutcome::Written);
+        }
+        batches[map as usize] += 1;
+    }
+    assert_eq!(s.partition(0).unwrap().chunks().len(), 4);
+    for map in 0..2 {
+        s.mapper_end(map, 0, &[(0, batches[map as usize])]).unwrap();
+    }
+    assert!(s.begin_commit(&files).unwrap().flushes.is_empty());
+    s.finish_commit().unwrap();
+    let served = |max: u64| {
+        let (bodies, _) = s
+            .open_stream_within(&stream(0), max, |_, r| r.iter().map(|r| r.len).sum::<u64>())
+            .unwrap();
+        bodies
+    };
+    // 300 + 300 + 300 fit in 1,000; the 620 goes alone.
+    assert_eq!(served(u64::MAX), vec![900, 620], "merged up to the chunk size");
+    assert_eq!(served(650), vec![600, 300, 620], "frames of 650 bytes: two at most");
+    assert_eq!(served(599), vec![300, 300, 300, 620], "no two fit; a chunk alone is never cut");
+    // The bytes are the chunks', in index order, page padding left out.
+    let (ranges, _) = s.open_stream(&stream(0), |_, r| r.to_vec()).unwrap();
+    let offsets: Vec<_> = ranges[0].iter().map(|r| (r.offset, r.len)).collect();
+    assert_eq!(offsets, vec![(0, 300), (4096, 300), (8192, 300)]);
+}
