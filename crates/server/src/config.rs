@@ -36,9 +36,11 @@ pub struct ServerConfig {
     /// readers fetch.
     pub chunk_bytes: u64,
     /// While the flushers have less than `chunk_bytes` to write, a partition buffer this large
-    /// is flushed already, in bytes (0: only at `chunk_bytes` or under memory pressure). Keeps
-    /// the disks busy while they have room, so a commit finds little left to write and sync;
-    /// streams still serve consecutive small chunks as one of up to `chunk_bytes`.
+    /// is flushed already, in bytes, and so is, every second, one of a page or more that held
+    /// data a second before (0: neither; buffers are flushed only at `chunk_bytes` or under
+    /// memory pressure). Keeps the disks busy while they have room, so a commit finds little
+    /// left to write and sync; streams still serve consecutive small chunks as one of up to
+    /// `chunk_bytes`.
     pub early_flush_bytes: u64,
     /// A partition whose data on this server reaches this many bytes is split: pushes to it are
     /// answered `PushSplit`, and its writers move on to a new part on another server (see

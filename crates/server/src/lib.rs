@@ -306,6 +306,7 @@ async fn maintenance(state: Arc<ServerState>) {
                     "no pushes for a while: pooled body buffers freed"
                 );
             }
+            state.flush_aged();
             state.expire_apps();
             state.expire_streams();
             tokio::spawn(state.clone().offload());

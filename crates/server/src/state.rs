@@ -379,6 +379,26 @@ impl ServerState {
         }
     }
 
+    /// While the flushers have less than a chunk to write (and early flushes are on): hands
+    /// them the buffers of open shuffles that hold a page or more and did at the previous
+    /// call too (the maintenance tick calls this every second), so data waiting for more goes
+    /// to disk while the disks are idle rather than all at the commit.
+    pub(crate) fn flush_aged(&self) {
+        if self.config.early_flush_bytes == 0
+            || self.flushing_bytes.load(Ordering::Acquire) >= self.config.chunk_bytes
+        {
+            return;
+        }
+        let placement = Placement::for_flush(&self.storage);
+        for s in self.apps.shuffles() {
+            let (plans, lost) = s.flush_aged(crate::core::CHUNK_ALIGN, &placement);
+            for r in lost {
+                tracing::error!(shuffle = %s.key(), reason = r.reason(), "partition lost");
+            }
+            self.submit(&s, plans);
+        }
+    }
+
     /// Above the flush watermark: hand the largest buffers to the flushers until what stays in
     /// memory (and is not already being flushed) is back under the resume watermark.
     pub(crate) fn relieve_pressure(&self) {

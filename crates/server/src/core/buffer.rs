@@ -152,12 +152,21 @@ pub struct Buffer {
     /// Pays for the blocks of every staged piece.
     staged: Option<Reservation>,
     bytes: u64,
+    /// Seen holding data by the last age check (see [`Self::age`]).
+    aged: bool,
 }
 
 impl Buffer {
     /// Bytes buffered.
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Marks the buffer as seen by an age check; returns whether the previous check saw it
+    /// too (it has waited at least one check interval since). A flush takes the mark with
+    /// the buffer.
+    pub fn age(&mut self) -> bool {
+        std::mem::replace(&mut self.aged, true)
     }
 
     /// Heap bytes of its bookkeeping (not of the pushed or copied bytes: the budget counts

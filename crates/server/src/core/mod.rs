@@ -49,7 +49,7 @@ pub use apps::{Apps, Deleted};
 pub use buffer::COPY_BELOW;
 #[cfg(any(test, feature = "fuzzing"))]
 pub use chunk::padded_len;
-pub use chunk::ByteRange;
+pub use chunk::{ByteRange, CHUNK_ALIGN};
 pub use key::ShuffleKey;
 pub use partition::{ChunkSource, FileSource, FlushOutcome, FlushPlan};
 pub use record::{decode as decode_record, Decoded};

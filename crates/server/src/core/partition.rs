@@ -269,6 +269,12 @@ impl<F: Clone> Partition<F> {
         self.files.iter().map(|f| f.cursor).sum::<u64>() + self.buffer.bytes()
     }
 
+    /// Whether the buffer was seen holding data by the previous age check (it is marked seen
+    /// now). See [`super::Shuffle::flush_aged`].
+    pub(super) fn aged(&mut self) -> bool {
+        self.buffer.age()
+    }
+
     /// Bytes in the buffer, not yet handed to a writer.
     pub fn buffered_bytes(&self) -> u64 {
         self.buffer.bytes()

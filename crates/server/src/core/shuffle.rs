@@ -439,6 +439,33 @@ impl<F: Clone> Shuffle<F> {
         self.take_locked(pid, &mut p.lock(), files)
     }
 
+    /// Hands out, as flush plans, the buffers of an open shuffle that hold at least `min_bytes`
+    /// and already did at the previous call: called at an interval while the writers are
+    /// idle, it sends data that keeps waiting for more to disk, so a commit finds little left
+    /// to write and sync. Each partition whose buffer has nowhere to go is lost (the refusals
+    /// say why).
+    pub fn flush_aged(
+        &self,
+        min_bytes: u64,
+        files: &impl FileSource<F>,
+    ) -> (Vec<FlushPlan<F>>, Vec<Refusal>) {
+        let (mut plans, mut lost) = (Vec::new(), Vec::new());
+        if self.lifecycle() != Lifecycle::Open {
+            return (plans, lost);
+        }
+        for (pid, p) in self.partitions.iter().enumerate() {
+            let mut p = p.lock();
+            if p.buffered_bytes() < min_bytes.max(1) || !p.aged() {
+                continue;
+            }
+            match self.take_locked(pid as u32, &mut p, files) {
+                Ok(plan) => plans.extend(plan),
+                Err(r) => lost.push(r),
+            }
+        }
+        (plans, lost)
+    }
+
     /// Bytes buffered per partition, of the partitions that buffer any.
     pub fn buffered(&self) -> Vec<(u32, u64)> {
         let each = self.partitions.iter().enumerate();

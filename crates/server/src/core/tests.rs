@@ -515,3 +515,29 @@ fn consecutive_small_chunks_of_a_file_are_served_as_one_within_the_chunk_size_an
     let offsets: Vec<_> = ranges[0].iter().map(|r| (r.offset, r.len)).collect();
     assert_eq!(offsets, vec![(0, 300), (4096, 300), (8192, 300)]);
 }
+
+#[test]
+fn a_buffer_waiting_through_two_age_checks_is_flushed_and_only_while_open() {
+    let files = Numbers::default();
+    let s = shuffle(1 << 20);
+    let push = |pid: u32, len: usize| {
+        let body = batch_body(0, 0, len);
+        let pushed = s.push(&[section(pid, &body)], &body, None, &files);
+        assert!(pushed.flushes.is_empty() && pushed.result.is_ok());
+    };
+    push(0, 5000);
+    push(1, 100); // under a page: never flushed for its age
+    let (plans, lost) = s.flush_aged(4096, &files);
+    assert!(plans.is_empty() && lost.is_empty(), "first seen now");
+    push(0, 10);
+    let (plans, _) = s.flush_aged(4096, &files);
+    let got: Vec<_> = plans.iter().map(|p| (p.partition(), p.bytes())).collect();
+    assert_eq!(got, vec![(0, 5050)], "waited a whole interval: flushed, with what came since");
+    for plan in plans {
+        s.flushed(plan, FlushOutcome::Written);
+    }
+    push(0, 5000);
+    assert!(s.flush_aged(4096, &files).0.is_empty(), "a new buffer starts unseen");
+    assert!(s.begin_commit(&files).unwrap().flushes.len() == 2);
+    assert!(s.flush_aged(0, &files).0.is_empty(), "a committing shuffle is the commit's");
+}
