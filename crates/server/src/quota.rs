@@ -170,6 +170,28 @@ pub struct BufferedCharge {
     bytes: u64,
 }
 
+/// Disk bytes of an admitted push, counted from its admission so that pushes admitted together
+/// are checked against each other; uncounted when dropped before the push is stored
+/// ([`Quotas::accepted`] keeps them).
+#[derive(Debug)]
+pub struct DiskHold {
+    charge: Charge,
+    bytes: u64,
+}
+
+impl Drop for DiskHold {
+    fn drop(&mut self) {
+        // Not a release of stored bytes: a refusal for the quota stays in force.
+        for u in self.charge.each() {
+            let _ = u.held[Kind::Disk as usize].fetch_update(
+                Ordering::AcqRel,
+                Ordering::Acquire,
+                |v| Some(v.saturating_sub(self.bytes)),
+            );
+        }
+    }
+}
+
 impl BufferedCharge {
     /// A charge of nothing yet, to the same application and user.
     pub fn empty_like(&self) -> BufferedCharge {
@@ -272,15 +294,24 @@ impl Quotas {
     /// before its body is read or memory reserved: `Ok` with the charge its buffered bytes are
     /// to be counted under ([`Self::buffered`]), or the refusal naming the first quota it
     /// would pass.
-    pub fn admit(&self, app_id: &str, footprint: u64, body_len: u64) -> Result<Charge, Refusal> {
-        let (charge, user) = {
-            let mut s = self.state.lock();
-            let charge = Self::charge_of(&mut s, app_id);
-            let user = s.apps.get(app_id).map(|a| a.user.clone()).unwrap_or_default();
-            (charge, user)
+    pub fn admit(
+        &self,
+        app_id: &str,
+        footprint: u64,
+        body_len: u64,
+    ) -> Result<(Charge, DiskHold), Refusal> {
+        // Checked and counted under the lock: pushes admitted at once (a writer pipelines
+        // them) cannot each fit alone and pass the quota together.
+        let mut s = self.state.lock();
+        let charge = Self::charge_of(&mut s, app_id);
+        let user = s.apps.get(app_id).map(|a| a.user.clone()).unwrap_or_default();
+        let hold = |charge: &Charge| {
+            charge.add(Kind::Disk, body_len);
+            DiskHold { charge: charge.clone(), bytes: body_len }
         };
         if !self.any_limit() {
-            return Ok(charge);
+            let held = hold(&charge);
+            return Ok((charge, held));
         }
         let adding = |k: Kind| match k {
             Kind::Buffered => footprint,
@@ -325,7 +356,9 @@ impl Quotas {
                 }
             }
         }
-        Ok(charge)
+        let held = hold(&charge);
+        drop(s);
+        Ok((charge, held))
     }
 
     /// Counts `bytes` buffered under `charge` until the returned guard is dropped.
@@ -334,14 +367,18 @@ impl Quotas {
         BufferedCharge { charge, bytes }
     }
 
-    /// Counts `bytes` of shuffle `shuffle_id` of `app_id` accepted (stored, or on their way).
-    pub fn accepted(&self, app_id: &str, shuffle_id: u32, bytes: u64) {
+    /// Counts `bytes` of shuffle `shuffle_id` of `app_id` accepted (stored, or on their way):
+    /// keeps what `held` counted since the push's admission, or counts them now.
+    pub fn accepted(&self, app_id: &str, shuffle_id: u32, bytes: u64, held: Option<DiskHold>) {
         let mut s = self.state.lock();
         let charge = Self::charge_of(&mut s, app_id);
         if let Some(a) = s.apps.get_mut(app_id) {
             a.shuffles.entry(shuffle_id).or_default()[0] += bytes;
         }
-        charge.add(Kind::Disk, bytes);
+        match held {
+            Some(mut h) if h.bytes == bytes => h.bytes = 0,
+            _ => charge.add(Kind::Disk, bytes),
+        }
     }
 
     /// The object-store tier's hook: `bytes` of a shuffle moved from local disk to the object
@@ -457,15 +494,33 @@ mod tests {
     #[test]
     fn no_limits_refuse_nothing() {
         let q = Quotas::new(QuotaConfig::default());
-        let c = q.admit("a", u64::MAX / 4, u64::MAX / 4).unwrap();
+        let c = q.admit("a", u64::MAX / 4, u64::MAX / 4).unwrap().0;
         let _held = Quotas::buffered(c, 1 << 40);
         assert!(q.admit("a", 1 << 40, 1 << 40).is_ok());
     }
 
     #[test]
+    fn pushes_admitted_together_cannot_pass_a_quota_together() {
+        let q = Quotas::new(QuotaConfig { app: limits(0, 1000, 0), ..Default::default() });
+        let (_, first) = q.admit("a", 1, 600).unwrap();
+        let r = q.admit("a", 1, 600).unwrap_err();
+        assert!(
+            r.reason().contains("(600 held"),
+            "the first push counts from admission: {}",
+            r.reason()
+        );
+        drop(first); // never stored
+        assert_eq!(q.app_usage("a").unwrap().get(Kind::Disk), 0);
+        let (_, held) = q.admit("a", 1, 600).unwrap();
+        q.accepted("a", 1, 600, Some(held));
+        assert_eq!(q.app_usage("a").unwrap().get(Kind::Disk), 600, "stored: counted once");
+        assert!(q.admit("a", 1, 600).is_err());
+    }
+
+    #[test]
     fn app_quotas_refuse_before_the_limit_is_passed_and_free_on_release() {
         let q = Quotas::new(QuotaConfig { app: limits(100, 1000, 0), ..Default::default() });
-        let c = q.admit("a", 60, 60).unwrap();
+        let c = q.admit("a", 60, 60).unwrap().0;
         let held = Quotas::buffered(c, 60);
         let r = q.admit("a", 60, 10).unwrap_err();
         assert_eq!(r.code(), ErrorCode::QuotaExceeded);
@@ -474,7 +529,7 @@ mod tests {
         drop(held);
         assert_eq!(q.app_usage("a").unwrap().get(Kind::Buffered), 0);
         assert!(q.admit("a", 60, 60).is_ok());
-        q.accepted("a", 1, 950);
+        q.accepted("a", 1, 950, None);
         let r = q.admit("a", 10, 60).unwrap_err();
         assert!(
             r.reason().contains("app.disk_bytes: limit 1000 bytes (950 held"),
@@ -493,11 +548,11 @@ mod tests {
         let mut users = HashMap::new();
         users.insert("big".to_owned(), limits(0, 10_000, 0));
         let q = Quotas::new(QuotaConfig { user: limits(0, 1000, 0), users, ..Default::default() });
-        q.accepted("a1", 0, 300); // counted before its user was known: joins the user's count
+        q.accepted("a1", 0, 300, None); // counted before its user was known: joins the user's count
         q.set_user("a1", "alice");
         q.set_user("a2", "alice");
         q.set_user("a1", "mallory"); // ignored: the first user stays
-        q.accepted("a2", 0, 600);
+        q.accepted("a2", 0, 600, None);
         assert_eq!(q.user_usage("alice").unwrap().get(Kind::Disk), 900);
         let r = q.admit("a2", 1, 200).unwrap_err();
         assert!(r.reason().contains("user alice"), "{}", r.reason());
@@ -505,7 +560,7 @@ mod tests {
         assert!(q.admit("a1", 1, 200).is_err(), "the other application of the user too");
         assert!(q.admit("b", 1, 200).is_ok(), "no user: no user quota");
         q.set_user("c", "big");
-        q.accepted("c", 0, 5000);
+        q.accepted("c", 0, 5000, None);
         assert!(q.admit("c", 1, 200).is_ok(), "an override raises the user's limit");
         q.app_removed("a1");
         assert_eq!(q.user_usage("alice").unwrap().get(Kind::Disk), 600);
@@ -515,7 +570,7 @@ mod tests {
     #[test]
     fn object_store_bytes_move_out_of_disk_and_are_limited() {
         let q = Quotas::new(QuotaConfig { app: limits(0, 1000, 500), ..Default::default() });
-        q.accepted("a", 3, 900);
+        q.accepted("a", 3, 900, None);
         q.moved_to_object_store("a", 3, 500);
         let u = q.app_usage("a").unwrap();
         assert_eq!((u.get(Kind::Disk), u.get(Kind::ObjectStore)), (400, 500));
@@ -535,7 +590,7 @@ mod tests {
         });
         let window = Duration::from_millis(100);
         q.set_user("a", "alice");
-        q.accepted("a", 1, 900);
+        q.accepted("a", 1, 900, None);
         assert!(q.at_quota(window).is_empty(), "below every limit, nothing refused");
         // A push that would pass app.disk_bytes: refused, and the app is reported from then on,
         // with what it holds, though it holds less than the limit.
@@ -551,10 +606,10 @@ mod tests {
         q.shuffle_deleted("a", 1);
         assert!(q.at_quota(window).is_empty(), "freed: no longer at quota");
         // Usage at the limit is at quota without any refusal; a user's too.
-        q.accepted("a", 2, 1000);
-        q.accepted("b", 2, 10);
+        q.accepted("a", 2, 1000, None);
+        q.accepted("b", 2, 10, None);
         q.set_user("b", "alice");
-        q.accepted("b", 3, 4000);
+        q.accepted("b", 3, 4000, None);
         assert_eq!(
             names(&q.at_quota(window)),
             [
@@ -567,7 +622,7 @@ mod tests {
         q.app_removed("b");
         assert!(q.at_quota(window).is_empty());
         // A buffered refusal counts for the window only (buffered bytes come and go).
-        let c = q.admit("c", 60, 1).unwrap();
+        let c = q.admit("c", 60, 1).unwrap().0;
         let _held = Quotas::buffered(c, 60);
         assert!(q.admit("c", 60, 1).is_err());
         assert_eq!(q.at_quota(window)[0].quota, "buffered_bytes");

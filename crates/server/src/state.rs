@@ -32,6 +32,8 @@ type ShuffleRef = Arc<Shuffle<FileRef>>;
 pub struct Admitted {
     reservation: Reservation,
     shuffle: ShuffleRef,
+    /// The body's bytes, counted in its application's disk quota until it is stored or not.
+    disk: crate::quota::DiskHold,
 }
 
 /// The decision about a push, made before its body is read.
@@ -204,14 +206,14 @@ impl ServerState {
             return Admit::Refused(Refusal::new(ErrorCode::StorageUnavailable, why));
         }
         // Before the shared budget is touched: an application over its quota takes none of it.
-        let charge = match self.quotas.admit(app_id, footprint, body_len as u64) {
+        let (charge, disk) = match self.quotas.admit(app_id, footprint, body_len as u64) {
             Ok(c) => c,
             Err(r) => return Admit::Refused(r),
         };
         match self.budget.try_reserve(footprint) {
             Some(reservation) => {
                 let reservation = reservation.charged(Quotas::buffered(charge, footprint));
-                Admit::Admitted(Admitted { reservation, shuffle })
+                Admit::Admitted(Admitted { reservation, shuffle, disk })
             }
             None => Admit::NoRoom,
         }
@@ -324,9 +326,9 @@ impl ServerState {
         body: Bytes,
         admitted: Option<Admitted>,
     ) -> Result<Response, Refusal> {
-        let (shuffle, reservation) = match admitted {
-            Some(a) => (a.shuffle, Some(a.reservation)),
-            None => (self.apps.shuffle(app_id, shuffle_id)?, None),
+        let (shuffle, reservation, disk) = match admitted {
+            Some(a) => (a.shuffle, Some(a.reservation), Some(a.disk)),
+            None => (self.apps.shuffle(app_id, shuffle_id)?, None, None),
         };
         // While the writers have next to nothing to do, buffers go to disk early: the commit
         // then finds little left to write and sync, and memory stays free for bursts.
@@ -345,7 +347,7 @@ impl ServerState {
             }
         }
         pushed.result?;
-        self.quotas.accepted(app_id, shuffle_id, body.len() as u64);
+        self.quotas.accepted(app_id, shuffle_id, body.len() as u64, disk);
         self.stats.push_requests.fetch_add(1, Ordering::Relaxed);
         self.stats.pushed_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
         if self.budget.pressure() != Pressure::Normal {
