@@ -86,9 +86,13 @@ r1 = fault_app_fixture(1, servers=3)
 r2 = fault_app_fixture(2, servers=4)
 # Servers with a memory budget far below the data and slow flushers (lowest priority, one per
 # directory), that answer Busy at once (no holding).
+# No early flushes (they keep the budget from filling while the flushers are idle), and busy at
+# a third of the budget: a push's copies of small sections free its body at once, so the
+# budget no longer fills by itself with pinned bodies.
 pressured = fault_app_fixture(1, servers=2, server_sets=[
     f"memory_budget_bytes={4 << 20}", "busy_hold_ms=0", "busy_backoff_ms=20", "flusher_nice=19",
-    "flushers_per_dir=1"])
+    "flushers_per_dir=1", "early_flush_bytes=0", "busy_watermark=0.35", "flush_watermark=0.3",
+    "resume_watermark=0.2"])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,12 +19,31 @@ Every result is checked against values computed here, in Python.
 """
 
 import hashlib
+import os
 import operator
 import random
+from pathlib import Path
 
 import pytest
 
-from conftest import MODES, sluice_app
+from conftest import MODES, ROOT, SluiceCluster, sluice_app
+
+
+@pytest.fixture(scope="module")
+def sluice_cluster(tmp_path_factory):
+    """Servers of their own, without early flushes: every partition here is written in chunks
+    of the servers' 4 MiB (`1m-frames` needs chunks larger than its frames; with early flushes
+    they would be small, and served merged within the reader's frames)."""
+    if "sluice" not in MODES:
+        yield None
+        return
+    binary = Path(os.environ.get("SLUICE_BIN", ROOT / "target/release/sluice"))
+    cluster = SluiceCluster(binary, tmp_path_factory.mktemp("sluice-settings"),
+                            server_sets=["early_flush_bytes=0"])
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 SETTINGS = {
     "kryo-zstd": {
