@@ -38,20 +38,39 @@ const INDEX_TMP_PREFIX: &str = ".index.tmp.";
 /// `fdatasync`s.
 const SYNCFS_ABOVE_FILES: usize = 32;
 
-/// Makes a committed shuffle durable: `files` synced, then `record` written next to them (see
-/// the module's notes). Blocking. A shuffle deleted meanwhile (its directory gone) gets no
-/// record.
+/// Makes a committed shuffle durable: `files` synced, then its record written next to them (see
+/// the module's notes); returns the record. Blocking. `record` makes the record, on this thread
+/// while another syncs `files` (a wide shuffle's record takes as long to encode as its files
+/// to sync). A shuffle deleted meanwhile (`deleted` says so, and its directory is gone) gets no
+/// record; a directory gone under a shuffle that was not deleted is an error (its data is gone
+/// with it).
 pub fn persist(
     storage: &Storage,
     key: &ShuffleKey,
-    record: &[u8],
+    record: impl FnOnce() -> Vec<u8>,
     files: &[FileRef],
-) -> io::Result<()> {
-    let mut by_dir: BTreeMap<usize, (Arc<DataDir>, Vec<&FileRef>)> = BTreeMap::new();
-    for f in files {
-        by_dir.entry(f.dir.index).or_insert_with(|| (f.dir.clone(), Vec::new())).1.push(f);
-    }
-    for (dir, files) in by_dir.values() {
+    deleted: impl Fn() -> bool,
+) -> io::Result<Vec<u8>> {
+    let (synced, record) = std::thread::scope(|s| {
+        let syncing = std::thread::Builder::new()
+            .name("sluice-commit-sync".into())
+            .spawn_scoped(s, || sync_files(files));
+        let record = record();
+        let synced = match syncing {
+            Ok(h) => h.join().unwrap_or_else(|_| Err(io::Error::other("the sync thread panicked"))),
+            Err(_) => sync_files(files), // no thread to be had: in turn
+        };
+        (synced, record)
+    });
+    synced?;
+    write_record(storage, key, &record, files, deleted)?;
+    Ok(record)
+}
+
+/// Syncs `files`' data: `fdatasync` of each, or one `syncfs` of a directory's file system
+/// when it holds many of them.
+fn sync_files(files: &[FileRef]) -> io::Result<()> {
+    for (dir, files) in by_dir(files).values() {
         if files.len() > SYNCFS_ABOVE_FILES {
             let d = File::open(&dir.path)?;
             rustix::fs::syncfs(&d).map_err(io::Error::from)?;
@@ -62,10 +81,35 @@ pub fn persist(
             }
         }
     }
+    Ok(())
+}
+
+type ByDir<'a> = BTreeMap<usize, (Arc<DataDir>, Vec<&'a FileRef>)>;
+
+fn by_dir(files: &[FileRef]) -> ByDir<'_> {
+    let mut by_dir: ByDir<'_> = BTreeMap::new();
+    for f in files {
+        by_dir.entry(f.dir.index).or_insert_with(|| (f.dir.clone(), Vec::new())).1.push(f);
+    }
+    by_dir
+}
+
+/// Writes `record` on each directory that holds one of `files` that was created (or, with none,
+/// on the one with most room), as [`persist`] says.
+fn write_record(
+    storage: &Storage,
+    key: &ShuffleKey,
+    record: &[u8],
+    files: &[FileRef],
+    deleted: impl Fn() -> bool,
+) -> io::Result<()> {
     // A shuffle with no data at all still has a record (its readers must find it), on the
     // directory with most room.
-    let mut dirs: Vec<(Arc<DataDir>, bool)> =
-        by_dir.into_values().map(|(d, _)| (d, true)).collect();
+    let mut dirs: Vec<(Arc<DataDir>, bool)> = by_dir(files)
+        .into_values()
+        .filter(|(_, files)| files.iter().any(|f| f.file().is_some()))
+        .map(|(d, _)| (d, true))
+        .collect();
     if dirs.is_empty() {
         // A full directory still takes a record of a few bytes; a failed one does not.
         let any = storage.dirs().iter().find(|d| !d.is_failed()).cloned();
@@ -77,7 +121,13 @@ pub fn persist(
     for (dir, has_files) in dirs {
         let sdir = shuffle_dir(&dir, key);
         if has_files && !sdir.is_dir() {
-            continue; // deleted meanwhile: leave nothing behind
+            if deleted() {
+                continue; // deleted meanwhile: leave nothing behind
+            }
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{}: the shuffle's directory is gone, with its files", sdir.display()),
+            ));
         }
         std::fs::create_dir_all(&sdir).map_err(|e| context(e, &sdir))?;
         write_synced(&sdir, record).map_err(|e| context(e, &sdir))?;

@@ -19,13 +19,17 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use crate::core::{FlushOutcome, FlushPlan, Shuffle};
+use crate::core::{FlushOutcome, FlushPlan, Lifecycle, Shuffle};
 use crate::files::{is_nospc, note_failure, FileRef, Placement};
 use crate::storage::Storage;
 
 /// How long a chunk that no directory has room for waits for space before its partition is
 /// marked lost.
 pub const FULL_WAIT: Duration = Duration::from_secs(10);
+/// A commit's flushes smaller than this are not written back one by one: the commit's sync
+/// follows at once and writes them together (a wide shuffle's commit flushes 10,000 buffers of
+/// a few KiB; a write-back request for each cost more than writing them).
+const COMMIT_WRITEBACK_MIN: u64 = 1 << 20;
 
 /// One plan to carry out, with the shuffle to report to.
 struct FlushJob {
@@ -125,7 +129,8 @@ fn run_job(storage: &Storage, job: FlushJob, how: WriteHow, on_done: &OnFlushed)
         let e = match written {
             Ok(file) => {
                 plan.file().dir.note_written(plan.bytes());
-                if how.writeback {
+                let committing = shuffle.lifecycle() != Lifecycle::Open;
+                if how.writeback && (!committing || plan.bytes() >= COMMIT_WRITEBACK_MIN) {
                     start_writeback(&file, offset, plan.bytes());
                 }
                 break FlushOutcome::Written;

@@ -27,6 +27,13 @@ use crate::tier::{Tier, TierError};
 /// A shuffle as the server holds it.
 type ShuffleRef = Arc<Shuffle<FileRef>>;
 
+/// What making a commit durable took: encoding its record, and the record's size.
+#[derive(Debug, Default)]
+struct Durable {
+    record: Duration,
+    record_bytes: usize,
+}
+
 /// What admission hands to the push handler: the body's memory reservation and the shuffle it
 /// was admitted for, so the handler does not look the shuffle up a second time.
 pub struct Admitted {
@@ -506,6 +513,8 @@ impl ServerState {
         let started = Instant::now();
         let begun = shuffle.begin_commit(&Placement::for_flush(&self.storage))?;
         let handed_out = started.elapsed();
+        let (commit_plans, commit_bytes) =
+            (begun.flushes.len(), begun.flushes.iter().map(|p| p.bytes()).sum::<u64>());
         for r in begun.lost {
             tracing::error!(shuffle = %shuffle.key(), reason = r.reason(), "partition lost at commit");
         }
@@ -518,6 +527,7 @@ impl ServerState {
             }
             done.await;
         }
+        let flushed = started.elapsed();
         // Reused files are cut to this shuffle's data, so that no earlier shuffle's bytes (another
         // application's, perhaps) stay in them for as long as this shuffle lives. The files are
         // held (`ends`) while they are cut, so the recycle pool cannot hand one out meanwhile.
@@ -534,8 +544,10 @@ impl ServerState {
         }
         let partitions = shuffle.finish_commit()?;
         let written = started.elapsed();
+        let mut durable = Durable::default();
         if self.config.durable_commit && !shuffle.is_deleted() {
-            self.make_durable(&shuffle, files.into_iter().map(|(f, _)| f).collect()).await?;
+            durable =
+                self.make_durable(&shuffle, files.into_iter().map(|(f, _)| f).collect()).await?;
         }
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
         let waited = started.elapsed();
@@ -545,7 +557,12 @@ impl ServerState {
             bytes = partitions.iter().map(|p| p.bytes).sum::<u64>(),
             waited_ms = waited.as_millis() as u64,
             handed_out_ms = handed_out.as_millis() as u64,
+            flushed_ms = flushed.as_millis() as u64,
             written_ms = written.as_millis() as u64,
+            record_ms = durable.record.as_millis() as u64,
+            record_bytes = durable.record_bytes,
+            flushed_at_commit = commit_bytes,
+            flushes_at_commit = commit_plans,
             "committed"
         );
         Ok(Response::msg(CommitResult { shuffle_id, partitions }))
@@ -553,12 +570,24 @@ impl ServerState {
 
     /// Syncs a committed shuffle's files and writes its commit record (see `durable`); the
     /// commit is answered only after this.
-    async fn make_durable(&self, shuffle: &ShuffleRef, files: Vec<FileRef>) -> Result<(), Refusal> {
+    async fn make_durable(
+        &self,
+        shuffle: &ShuffleRef,
+        files: Vec<FileRef>,
+    ) -> Result<Durable, Refusal> {
         let started = Instant::now();
-        let record = shuffle.commit_record(|f: &FileRef| f.dir.path.display().to_string());
-        let (storage, key) = (self.storage.clone(), shuffle.key().clone());
+        let (storage, s) = (self.storage.clone(), shuffle.clone());
+        // A wide shuffle's record is tens of MB to encode: not on an async worker.
         let done = tokio::task::spawn_blocking(move || {
-            crate::durable::persist(&storage, &key, &record, &files)
+            let mut encoded = Duration::ZERO;
+            let record = || {
+                let r = s.commit_record(|f: &FileRef| f.dir.path.display().to_string());
+                encoded = started.elapsed();
+                r
+            };
+            let record =
+                crate::durable::persist(&storage, s.key(), record, &files, || s.is_deleted())?;
+            Ok(Durable { record: encoded, record_bytes: record.len() })
         })
         .await
         .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
@@ -917,7 +946,9 @@ impl ServerState {
             .collect();
         let n = records.len();
         let written = tokio::task::spawn_blocking(move || {
-            records.iter().try_for_each(|(key, r)| crate::durable::persist(&storage, key, r, &[]))
+            records.iter().try_for_each(|(key, r)| {
+                crate::durable::persist(&storage, key, || r.clone(), &[], || false).map(drop)
+            })
         })
         .await
         .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));

@@ -192,3 +192,37 @@ async fn every_dir_breaking_after_accepting_pushes_fails_the_commit() {
     })
     .await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shuffle_directory_gone_under_a_live_server_fails_the_commit() {
+    bounded("a_shuffle_directory_gone_under_a_live_server_fails_the_commit", 30, async {
+        let scratch = Scratch::new();
+        let d0 = scratch.path().join("only");
+        let server =
+            scratch.server(&ServerSpec { data_dirs: vec![d0.clone()], ..Default::default() });
+        let client = client("dir-gone", None);
+        let a = assignment(1, &[server.addr], 1);
+        register_direct(&client, &a, 1).await.unwrap();
+        let mut w = client.writer(a.clone(), 0, 0).await.unwrap();
+        // A batch larger than a push's copies: written to its file before the commit.
+        w.add_batch(0, &framed(&[record(0, 0, 0, 300_000)])).await.unwrap();
+        w.finish().await.expect("pushes are accepted");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let file = loop {
+            if let Some(f) = data_files(&d0).into_iter().next() {
+                break f;
+            }
+            assert!(std::time::Instant::now() < deadline, "no data file written before the commit");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        };
+        // The shuffle's directory (its files with it) moves away while the server runs: the
+        // commit must not be acknowledged without its record.
+        let sdir = file.parent().unwrap().to_path_buf();
+        std::fs::rename(&sdir, sdir.with_extension("moved")).unwrap();
+        let e = client.commit_shuffle(&a).await;
+        assert_eq!(code(e), ErrorCode::StorageFailed, "commit without its shuffle's directory");
+        let log = server.log_text();
+        assert!(log.contains("directory is gone"), "no log line says why; log:\n{log}");
+    })
+    .await
+}

@@ -123,20 +123,81 @@ impl Runs {
     }
 }
 
+/// How a chunk's runs are written in a commit record: their count and their bytes as held (two
+/// bytes or so per run). Version 1 records listed every run as a [`Run`] (read by
+/// [`Chunk::from_runs`]).
+#[derive(Serialize)]
+struct RunsOut<'a> {
+    count: u32,
+    #[serde(with = "serde_bytes")]
+    bytes: &'a [u8],
+}
+
+#[derive(Deserialize)]
+struct RunsIn {
+    count: u32,
+    #[serde(with = "serde_bytes")]
+    bytes: Vec<u8>,
+}
+
+/// The next varint of `bytes` from `at`, or `None` past the end or beyond a `u32`.
+fn checked_varint(bytes: &[u8], at: &mut usize) -> Option<u32> {
+    let mut v = 0u64;
+    for shift in (0..35).step_by(7) {
+        let b = *bytes.get(*at)?;
+        *at += 1;
+        v |= ((b & 0x7f) as u64) << shift;
+        if b & 0x80 == 0 {
+            return u32::try_from(v).ok();
+        }
+    }
+    None
+}
+
+impl Runs {
+    /// Runs read back from a record: every one decoded within `bytes`, all of them used.
+    fn decode_checked(count: u32, bytes: &[u8]) -> Result<Vec<Run>, String> {
+        let bad = || format!("{count} runs do not decode from {} bytes", bytes.len());
+        let (mut at, mut map) = (0usize, 0u32);
+        let mut runs = Vec::with_capacity((count as usize).min(bytes.len()));
+        for _ in 0..count {
+            let head = *bytes.get(at).ok_or_else(bad)? as u32;
+            at += 1;
+            let (mut d, mut attempt) = (head >> 3, head & 7);
+            if head >> 7 != 0 {
+                return Err(bad());
+            }
+            if d == Self::MAP_CAP {
+                d = d
+                    .checked_add(checked_varint(bytes, &mut at).ok_or_else(bad)?)
+                    .ok_or_else(bad)?;
+            }
+            if attempt == Self::ATTEMPT_CAP {
+                let more = checked_varint(bytes, &mut at).ok_or_else(bad)?;
+                attempt = attempt.checked_add(more).ok_or_else(bad)?;
+            }
+            map = map.checked_add(d).ok_or_else(bad)?;
+            let len = checked_varint(bytes, &mut at).ok_or_else(bad)?;
+            runs.push(Run { map_id: map, attempt_id: attempt, len });
+        }
+        if at != bytes.len() {
+            return Err(bad());
+        }
+        Ok(runs)
+    }
+}
+
 impl Serialize for Runs {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeSeq;
-        let mut seq = s.serialize_seq(Some(self.count as usize))?;
-        for r in self.iter() {
-            seq.serialize_element(&r)?;
-        }
-        seq.end()
+        RunsOut { count: self.count, bytes: &self.bytes }.serialize(s)
     }
 }
 
 impl<'de> Deserialize<'de> for Runs {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let mut runs = Vec::<Run>::deserialize(d)?;
+        let wire = RunsIn::deserialize(d)?;
+        let mut runs =
+            Runs::decode_checked(wire.count, &wire.bytes).map_err(serde::de::Error::custom)?;
         // Sorted as written; a record from elsewhere is sorted here rather than misread.
         runs.sort_by_key(|r| (r.map_id, r.attempt_id));
         Ok(Runs::encode(&runs))
@@ -159,6 +220,12 @@ impl Chunk {
     /// A chunk of `runs` (grouped by attempt) written at `offset` of file number `file`.
     pub(crate) fn new(file: u32, offset: u64, runs: Box<[Run]>) -> Chunk {
         let len = runs.iter().map(|r| r.len as u64).sum();
+        Chunk { file, offset, len, runs: Runs::encode(&runs) }
+    }
+
+    /// A chunk read back from a version 1 commit record, which listed its runs one by one.
+    pub(crate) fn from_runs(file: u32, offset: u64, len: u64, mut runs: Vec<Run>) -> Chunk {
+        runs.sort_by_key(|r| (r.map_id, r.attempt_id));
         Chunk { file, offset, len, runs: Runs::encode(&runs) }
     }
 
@@ -270,10 +337,17 @@ mod tests {
         assert_eq!(&enc.bytes[..4], &[0, 36, 1 << 3, 36]);
         let wide = Runs::encode(&(0..2000).map(|m| run(m, 0, 36)).collect::<Vec<_>>());
         assert_eq!(wide.bytes.len(), 4000, "2,000 maps' small batches");
-        // The record's format: a list of runs, as before.
+        // The record's format: the count and the bytes as held.
         let bytes = postcard::to_allocvec(&enc).unwrap();
-        assert_eq!(postcard::from_bytes::<Vec<Run>>(&bytes).unwrap(), runs);
+        assert_eq!(bytes.len(), 1 + 1 + enc.bytes.len(), "a count, a length, the bytes");
         assert_eq!(postcard::from_bytes::<Runs>(&bytes).unwrap(), enc);
+        // Bytes that do not decode to their count of runs are refused, never misread.
+        for (count, bad) in
+            [(2, &[0u8, 36][..]), (1, &[0, 36, 0]), (1, &[0x80, 36]), (1, &[0, 0xff])]
+        {
+            let wire = postcard::to_allocvec(&RunsOut { count, bytes: bad }).unwrap();
+            assert!(postcard::from_bytes::<Runs>(&wire).is_err(), "{count} runs in {bad:?}");
+        }
         let empty = Chunk::new(0, 0, Box::new([]));
         assert!(!empty.has_map_in(0, u32::MAX));
     }

@@ -15,7 +15,7 @@ pub const MAX_LATER_ATTEMPTS: usize = 64;
 /// partition, and a hash map of them took ~15 bytes each (docs/benchmarks-log.md#metadata-at-scale).
 /// Dense (one byte per partition up to the highest one reported, larger counts beside) when
 /// that is smaller than a sorted list of (partition, count) pairs, else that list. Serialized as
-/// a map of partition → batches, as the `HashMap` it replaced was (the commit record's format).
+/// held (the commit record's format since version 2).
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Counts {
     /// `small[p]`: partition p's count, or [`Counts::BIG`] when it is in `big` (sorted).
@@ -80,38 +80,51 @@ impl Counts {
             Counts::Dense { small, big } => small.len() + big.len() * pair,
         }
     }
+}
 
-    /// Every (partition, count), by partition.
-    fn iter(&self) -> Box<dyn Iterator<Item = (u32, u32)> + '_> {
-        match self {
-            Counts::Sparse(pairs) => Box::new(pairs.iter().copied()),
-            Counts::Dense { small, .. } => {
-                Box::new((0..small.len() as u32).filter_map(move |p| self.get(p).map(|n| (p, n))))
-            }
-        }
-    }
+/// How counts are written in a commit record: as held (a wide shuffle's dense counts are one
+/// byte per partition). Version 1 records wrote a map of partition → batches (read by
+/// [`MapEnds::from_lists`]).
+#[derive(Serialize)]
+enum CountsOut<'a> {
+    Dense {
+        #[serde(with = "serde_bytes")]
+        small: &'a [u8],
+        big: &'a [(u32, u32)],
+    },
+    Sparse(&'a [(u32, u32)]),
+}
+
+#[derive(Deserialize)]
+enum CountsIn {
+    Dense {
+        #[serde(with = "serde_bytes")]
+        small: Vec<u8>,
+        big: Vec<(u32, u32)>,
+    },
+    Sparse(Vec<(u32, u32)>),
 }
 
 impl Serialize for Counts {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let n = match self {
-            Counts::Sparse(pairs) => pairs.len(),
-            Counts::Dense { small, .. } => small.iter().filter(|&&b| b != 0).count(),
-        };
-        // The length up front: postcard writes it before the entries.
-        use serde::ser::SerializeMap;
-        let mut m = s.serialize_map(Some(n))?;
-        for (p, c) in self.iter() {
-            m.serialize_entry(&p, &c)?;
+        match self {
+            Counts::Dense { small, big } => CountsOut::Dense { small, big },
+            Counts::Sparse(pairs) => CountsOut::Sparse(pairs),
         }
-        m.end()
+        .serialize(s)
     }
 }
 
 impl<'de> Deserialize<'de> for Counts {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let map = HashMap::<u32, u32>::deserialize(d)?;
-        Ok(Counts::new(map))
+        // Rebuilt from the pairs, so that what was read is in the form `new` makes.
+        Ok(match CountsIn::deserialize(d)? {
+            CountsIn::Sparse(pairs) => Counts::new(pairs),
+            CountsIn::Dense { small, big } => {
+                let small = small.iter().enumerate().filter(|(_, &b)| b != 0 && b != Self::BIG);
+                Counts::new(small.map(|(p, &b)| (p as u32, b as u32)).chain(big))
+            }
+        })
     }
 }
 
@@ -180,6 +193,18 @@ impl MapEnds {
             }
         }
         (Ended::Winner(e.attempt_id), dropped)
+    }
+
+    /// Map ends read back from a version 1 commit record: for each map, its winning attempt
+    /// and (partition, batches), and its later attempts with theirs.
+    pub(crate) fn from_lists(
+        maps: impl IntoIterator<Item = (u32, u32, Vec<(u32, u32)>, Vec<(u32, Vec<(u32, u32)>)>)>,
+    ) -> MapEnds {
+        let maps = maps.into_iter().map(|(map, attempt_id, batches, later)| {
+            let later = later.into_iter().map(|(a, c)| (a, Counts::new(c))).collect();
+            (map, MapEnd { attempt_id, batches: Counts::new(batches), later })
+        });
+        MapEnds { maps: maps.collect() }
     }
 
     /// The batches `attempt` of `map` reported for `partition`, if that attempt ended here.
@@ -296,16 +321,20 @@ mod tests {
         let sparse = Counts::new([(9_000, 2), (7, 0), (3, 5), (3, 6)]);
         assert!(matches!(sparse, Counts::Sparse(_)), "{sparse:?}");
         assert_eq!((sparse.get(3), sparse.get(7), sparse.get(9_000)), (Some(6), None, Some(2)));
-        // The commit record's format: a map, as the HashMap before; both kinds round trip.
+        // The commit record's format: as held (a dense one, a byte per partition); both kinds
+        // round trip.
         for c in [dense, sparse] {
             let bytes = postcard::to_allocvec(&c).unwrap();
-            let as_map: HashMap<u32, u32> = postcard::from_bytes(&bytes).unwrap();
-            assert_eq!(as_map.len(), c.iter().count());
-            assert!(c.iter().all(|(p, n)| as_map.get(&p) == Some(&n)));
+            assert!(bytes.len() <= c.heap_bytes() + 16, "{} bytes for {c:?}", bytes.len());
             assert_eq!(postcard::from_bytes::<Counts>(&bytes).unwrap(), c);
-            let old = postcard::to_allocvec(&as_map).unwrap();
-            assert_eq!(postcard::from_bytes::<Counts>(&old).unwrap(), c, "a record from before");
         }
+        // A version 1 record's map of partition → batches reads back as the same counts.
+        let v1 = MapEnds::from_lists([(4, 1, vec![(9_000, 2), (3, 6)], vec![(2, vec![(5, 300)])])]);
+        assert_eq!((v1.batches(4, 1, 3), v1.batches(4, 1, 9_000)), (Some(6), Some(2)));
+        assert_eq!(
+            (v1.batches(4, 2, 5), v1.batches(4, 2, 3), v1.batches(4, 3, 5)),
+            (Some(300), Some(0), None)
+        );
     }
 
     #[test]

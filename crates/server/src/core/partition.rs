@@ -14,7 +14,7 @@ use sluice_proto::ErrorCode;
 use super::buffer::{Buffer, Layout};
 use super::chunk::{padded_len, ByteRange, Chunk, Run};
 use super::key::ShuffleKey;
-use super::record::PartitionRecord;
+use super::record::PartitionOut;
 use super::refusal::Refusal;
 use crate::memory_budget::Reservation;
 
@@ -235,16 +235,15 @@ impl<F: Clone> Partition<F> {
     }
 
     /// What the commit record says of the partition; `name` names each file (where it lives).
-    pub(super) fn record(&self, name: &impl Fn(&F) -> String) -> PartitionRecord {
+    pub(super) fn record(&self, name: &impl Fn(&F) -> String) -> PartitionOut<'_> {
         match &self.health {
-            Health::Lost(why) => PartitionRecord::Lost(why.clone()),
-            _ if !self.objects.is_empty() => PartitionRecord::Offloaded {
-                objects: self.objects.clone(),
-                chunks: self.chunks.clone(),
-            },
-            _ => PartitionRecord::Stored {
+            Health::Lost(why) => PartitionOut::Lost(why),
+            _ if !self.objects.is_empty() => {
+                PartitionOut::Offloaded { objects: &self.objects, chunks: &self.chunks }
+            }
+            _ => PartitionOut::Stored {
                 files: self.files.iter().map(|f| name(&f.handle)).collect(),
-                chunks: self.chunks.clone(),
+                chunks: &self.chunks,
             },
         }
     }

@@ -15,14 +15,28 @@ use super::maps::MapEnds;
 
 /// First bytes of a commit record.
 const MAGIC: &[u8; 8] = b"SLUICEIX";
-/// Version of the record's layout; another version is refused (the shuffle is reported lost).
-const VERSION: u32 = 1;
+/// Version of the record's layout written; version 1 is read too, another version is refused
+/// (the shuffle is reported lost).
+const VERSION: u32 = 2;
 /// Bytes before each section's payload.
 const SECTION_HEADER: usize = 8;
 
-#[derive(Debug, Serialize, Deserialize)]
-struct Header {
+/// The header as written (the map ends borrowed, not copied).
+#[derive(Serialize)]
+struct HeaderOut<'a> {
     version: u32,
+    sealed: bool,
+    app_id: &'a str,
+    shuffle_id: u32,
+    num_maps: u32,
+    num_partitions: u32,
+    chunk_bytes: u64,
+    maps: &'a MapEnds,
+}
+
+#[derive(Debug, Deserialize)]
+struct Header {
+    _version: u32,
     /// Committed (readable); `false`: a registration parked at a stop, open and empty.
     sealed: bool,
     app_id: String,
@@ -57,6 +71,14 @@ pub enum PartitionRecord {
     },
 }
 
+/// A partition's section as written: [`PartitionRecord`]'s layout, its lists borrowed.
+#[derive(Serialize)]
+pub(crate) enum PartitionOut<'a> {
+    Stored { files: Vec<String>, chunks: &'a [Chunk] },
+    Lost(&'a str),
+    Offloaded { objects: &'a [String], chunks: &'a [Chunk] },
+}
+
 /// A commit record read back.
 #[derive(Debug)]
 pub struct Decoded {
@@ -75,10 +97,13 @@ pub struct Decoded {
 
 /// Appends one section (the `postcard` bytes of `value`, with its length and checksum) to `out`.
 fn put_section(out: &mut Vec<u8>, value: &impl Serialize) {
-    let payload = postcard::to_allocvec(value).expect("postcard encodes into a Vec");
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    out.extend_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
-    out.extend_from_slice(&payload);
+    let head = out.len();
+    out.extend_from_slice(&[0; SECTION_HEADER]);
+    *out = postcard::to_extend(value, std::mem::take(out)).expect("postcard encodes into a Vec");
+    let payload = &out[head + SECTION_HEADER..];
+    let (len, crc) = ((payload.len() as u32).to_le_bytes(), crc32c::crc32c(payload).to_le_bytes());
+    out[head..head + 4].copy_from_slice(&len);
+    out[head + 4..head + SECTION_HEADER].copy_from_slice(&crc);
 }
 
 /// The next section of `data` from `at`, checked; moves `at` past it.
@@ -100,29 +125,32 @@ fn take_section<'a>(data: &'a [u8], at: &mut usize) -> Result<&'a [u8], String> 
     Ok(payload)
 }
 
-/// Encodes a committed shuffle's record.
-pub(super) fn encode(
+/// Starts a committed shuffle's record: the magic and the header, to which each partition's
+/// section is added with [`put_partition`], in partition order, `num_partitions` of them.
+pub(super) fn start(
     (app_id, shuffle_id): (&str, u32),
     (num_maps, chunk_bytes): (u32, u64),
     (sealed, maps): (bool, &MapEnds),
-    partitions: impl ExactSizeIterator<Item = PartitionRecord>,
+    num_partitions: u32,
 ) -> Vec<u8> {
-    let header = Header {
+    let header = HeaderOut {
         version: VERSION,
         sealed,
-        app_id: app_id.to_owned(),
+        app_id,
         shuffle_id,
         num_maps,
-        num_partitions: partitions.len() as u32,
+        num_partitions,
         chunk_bytes,
-        maps: maps.clone(),
+        maps,
     };
     let mut out = MAGIC.to_vec();
     put_section(&mut out, &header);
-    for p in partitions {
-        put_section(&mut out, &p);
-    }
     out
+}
+
+/// Adds the next partition's section to a record begun by [`start`].
+pub(super) fn put_partition(out: &mut Vec<u8>, partition: &PartitionOut<'_>) {
+    put_section(out, partition);
 }
 
 /// Reads a record back; `Err` when its header cannot be trusted (the whole shuffle is lost).
@@ -131,24 +159,30 @@ pub fn decode(data: &[u8]) -> Result<Decoded, String> {
         return Err("not a commit record (bad magic)".into());
     }
     let mut at = MAGIC.len();
-    let header: Header =
-        postcard::from_bytes(take_section(data, &mut at)?).map_err(|e| format!("header: {e}"))?;
-    if header.version != VERSION {
-        return Err(format!("record version {} (this server reads {VERSION})", header.version));
-    }
+    let section = take_section(data, &mut at)?;
+    // The version leads the header in every version.
+    let (version, _) =
+        postcard::take_from_bytes::<u32>(section).map_err(|e| format!("header: {e}"))?;
+    let header: Header = match version {
+        VERSION => postcard::from_bytes(section).map_err(|e| format!("header: {e}"))?,
+        1 => v1::header(section)?,
+        v => return Err(format!("record version {v} (this server reads 1 and {VERSION})")),
+    };
+    let partition = |p: &[u8]| match version {
+        1 => v1::partition(p),
+        _ => postcard::from_bytes::<PartitionRecord>(p).map_err(|e| e.to_string()),
+    };
     let mut partitions = Vec::with_capacity(header.num_partitions.min(1 << 20) as usize);
     let mut broken: Option<String> = None;
     for pid in 0..header.num_partitions {
         // Past a damaged section the lengths cannot be trusted: every later partition is lost.
         let record = match &broken {
             Some(why) => Err(why.clone()),
-            None => take_section(data, &mut at)
-                .and_then(|p| postcard::from_bytes::<PartitionRecord>(p).map_err(|e| e.to_string()))
-                .map_err(|e| {
-                    let why = format!("its index entry is damaged: {e}");
-                    broken = Some(format!("an earlier index entry (partition {pid}) is damaged"));
-                    why
-                }),
+            None => take_section(data, &mut at).and_then(partition).map_err(|e| {
+                let why = format!("its index entry is damaged: {e}");
+                broken = Some(format!("an earlier index entry (partition {pid}) is damaged"));
+                why
+            }),
         };
         partitions.push(record);
     }
@@ -161,6 +195,86 @@ pub fn decode(data: &[u8]) -> Result<Decoded, String> {
         maps: header.maps,
         partitions,
     })
+}
+
+/// Version 1 of the record: counts as maps of partition → batches, runs listed one by one.
+mod v1 {
+    use std::collections::HashMap;
+
+    use serde::{Deserialize, Serialize};
+
+    use super::{Chunk, Header, MapEnds, PartitionRecord};
+    use crate::core::chunk::Run;
+
+    type Counts = HashMap<u32, u32>;
+
+    #[derive(Serialize, Deserialize)]
+    pub(super) struct MapEnd {
+        pub attempt_id: u32,
+        pub batches: Counts,
+        pub later: Vec<(u32, Counts)>,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    pub(super) struct HeaderV1 {
+        pub version: u32,
+        pub sealed: bool,
+        pub app_id: String,
+        pub shuffle_id: u32,
+        pub num_maps: u32,
+        pub num_partitions: u32,
+        pub chunk_bytes: u64,
+        pub maps: HashMap<u32, MapEnd>,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    pub(super) struct ChunkV1 {
+        pub file: u32,
+        pub offset: u64,
+        pub len: u64,
+        pub runs: Vec<Run>,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    pub(super) enum PartitionV1 {
+        Stored { files: Vec<String>, chunks: Vec<ChunkV1> },
+        Lost(String),
+        Offloaded { objects: Vec<String>, chunks: Vec<ChunkV1> },
+    }
+
+    pub(super) fn header(section: &[u8]) -> Result<Header, String> {
+        let h: HeaderV1 = postcard::from_bytes(section).map_err(|e| format!("header: {e}"))?;
+        let list = |c: Counts| c.into_iter().collect::<Vec<_>>();
+        let maps = h.maps.into_iter().map(|(m, e)| {
+            let later = e.later.into_iter().map(|(a, c)| (a, list(c))).collect();
+            (m, e.attempt_id, list(e.batches), later)
+        });
+        Ok(Header {
+            _version: h.version,
+            sealed: h.sealed,
+            app_id: h.app_id,
+            shuffle_id: h.shuffle_id,
+            num_maps: h.num_maps,
+            num_partitions: h.num_partitions,
+            chunk_bytes: h.chunk_bytes,
+            maps: MapEnds::from_lists(maps),
+        })
+    }
+
+    pub(super) fn partition(section: &[u8]) -> Result<PartitionRecord, String> {
+        let chunks = |c: Vec<ChunkV1>| {
+            c.into_iter().map(|c| Chunk::from_runs(c.file, c.offset, c.len, c.runs)).collect()
+        };
+        Ok(match postcard::from_bytes(section).map_err(|e| e.to_string())? {
+            PartitionV1::Stored { files, chunks: c } => {
+                PartitionRecord::Stored { files, chunks: chunks(c) }
+            }
+            PartitionV1::Lost(why) => PartitionRecord::Lost(why),
+            PartitionV1::Offloaded { objects, chunks: c } => {
+                PartitionRecord::Offloaded { objects, chunks: chunks(c) }
+            }
+        })
+    }
 }
 
 #[cfg(test)]
@@ -184,7 +298,127 @@ mod tests {
             PartitionRecord::Stored { files: vec![], chunks: vec![] },
             PartitionRecord::Lost("disk failed".into()),
         ];
-        encode(("app-1", 7), (2, 1 << 20), (true, &maps), parts.into_iter())
+        encode_all(&maps, &parts)
+    }
+
+    fn encode_all(maps: &MapEnds, parts: &[PartitionRecord]) -> Vec<u8> {
+        let mut out = start(("app-1", 7), (2, 1 << 20), (true, maps), parts.len() as u32);
+        for p in parts {
+            put_partition(
+                &mut out,
+                &match p {
+                    PartitionRecord::Stored { files, chunks } => {
+                        PartitionOut::Stored { files: files.clone(), chunks }
+                    }
+                    PartitionRecord::Lost(why) => PartitionOut::Lost(why),
+                    PartitionRecord::Offloaded { objects, chunks } => {
+                        PartitionOut::Offloaded { objects, chunks }
+                    }
+                },
+            );
+        }
+        out
+    }
+
+    /// A wide shuffle's record: `maps` maps, each with one 36-byte batch in each of
+    /// `partitions` partitions, one chunk per partition.
+    fn wide(maps: u32, partitions: u32) -> (MapEnds, Vec<PartitionRecord>) {
+        let mut ends = MapEnds::default();
+        let counts: Vec<(u32, u32)> = (0..partitions).map(|p| (p, 1)).collect();
+        for m in 0..maps {
+            ends.record(m, 0, &counts, false);
+        }
+        let runs: Vec<Run> = (0..maps).map(|m| Run { map_id: m, attempt_id: 0, len: 36 }).collect();
+        let parts = (0..partitions)
+            .map(|_| PartitionRecord::Stored {
+                files: vec!["/d1".into()],
+                chunks: vec![Chunk::new(0, 0, runs.clone().into())],
+            })
+            .collect();
+        (ends, parts)
+    }
+
+    #[test]
+    fn a_wide_shuffles_record_is_a_few_bytes_per_map_and_partition() {
+        let (maps, parts) = wide(200, 1_000);
+        let bytes = encode_all(&maps, &parts);
+        // A count byte and a two-byte run per pair, sections and headers around them.
+        let per_pair = bytes.len() as f64 / 200_000.0;
+        assert!(per_pair < 3.2, "{per_pair:.2} bytes per map and partition");
+        let d = decode(&bytes).unwrap();
+        assert_eq!(d.maps, maps);
+        assert_eq!(d.partitions, parts.into_iter().map(Ok).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_version_1_record_reads_back_the_same() {
+        let mut maps = MapEnds::default();
+        maps.record(0, 1, &[(0, 2), (2, 1)], false);
+        maps.record(0, 3, &[(0, 300)], false);
+        maps.record(5, 0, &[(1, 1)], false);
+        let runs = vec![
+            Run { map_id: 0, attempt_id: 1, len: 40 },
+            Run { map_id: 5, attempt_id: 0, len: 8 },
+        ];
+        let new = encode_all(
+            &maps,
+            &[
+                PartitionRecord::Stored {
+                    files: vec!["/d1".into()],
+                    chunks: vec![Chunk::new(0, 4096, runs.clone().into())],
+                },
+                PartitionRecord::Lost("disk failed".into()),
+                PartitionRecord::Offloaded {
+                    objects: vec!["k".into()],
+                    chunks: vec![Chunk::new(0, 0, runs.clone().into())],
+                },
+            ],
+        );
+        // The same shuffle as version 1 wrote it.
+        let counts = |c: &[(u32, u32)]| c.iter().copied().collect();
+        let header = v1::HeaderV1 {
+            version: 1,
+            sealed: true,
+            app_id: "app-1".into(),
+            shuffle_id: 7,
+            num_maps: 2,
+            num_partitions: 3,
+            chunk_bytes: 1 << 20,
+            maps: [
+                (
+                    0,
+                    v1::MapEnd {
+                        attempt_id: 1,
+                        batches: counts(&[(0, 2), (2, 1)]),
+                        later: vec![(3, counts(&[(0, 300)]))],
+                    },
+                ),
+                (5, v1::MapEnd { attempt_id: 0, batches: counts(&[(1, 1)]), later: vec![] }),
+            ]
+            .into_iter()
+            .collect(),
+        };
+        let chunk = |offset| v1::ChunkV1 { file: 0, offset, len: 48, runs: runs.clone() };
+        let mut old = MAGIC.to_vec();
+        put_section(&mut old, &header);
+        put_section(
+            &mut old,
+            &v1::PartitionV1::Stored { files: vec!["/d1".into()], chunks: vec![chunk(4096)] },
+        );
+        put_section(&mut old, &v1::PartitionV1::Lost("disk failed".into()));
+        put_section(
+            &mut old,
+            &v1::PartitionV1::Offloaded { objects: vec!["k".into()], chunks: vec![chunk(0)] },
+        );
+        let (a, b) = (decode(&new).unwrap(), decode(&old).unwrap());
+        assert_eq!((a.app_id, a.shuffle_id, a.sealed), (b.app_id, b.shuffle_id, b.sealed));
+        assert_eq!((a.num_maps, a.chunk_bytes), (b.num_maps, b.chunk_bytes));
+        assert_eq!(a.maps, b.maps);
+        assert_eq!(a.partitions, b.partitions);
+        // A version this server does not know is refused, never misread.
+        let mut future = MAGIC.to_vec();
+        put_section(&mut future, &v1::HeaderV1 { version: 9, ..header });
+        assert!(decode(&future).unwrap_err().contains("version 9"));
     }
 
     #[test]

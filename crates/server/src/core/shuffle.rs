@@ -219,15 +219,16 @@ impl<F: Clone> Shuffle<F> {
     /// partition's files, named by `name`, and chunk index. Of a parked one (see
     /// [`Self::park`]): its registration, marked not sealed, read back as an open shuffle.
     pub fn commit_record(&self, name: impl Fn(&F) -> String) -> Vec<u8> {
-        let maps = self.maps.lock().clone();
-        let parts: Vec<PartitionRecord> =
-            self.partitions.iter().map(|p| p.lock().record(&name)).collect();
-        record::encode(
+        let mut out = record::start(
             (self.key.app_id(), self.key.shuffle_id()),
             (self.num_maps, self.chunk_bytes),
-            (self.lifecycle() == Lifecycle::Readable, &maps),
-            parts.into_iter(),
-        )
+            (self.lifecycle() == Lifecycle::Readable, &self.maps.lock()),
+            self.partitions.len() as u32,
+        );
+        for p in self.partitions.iter() {
+            record::put_partition(&mut out, &p.lock().record(&name));
+        }
+        out
     }
 
     /// Which shuffle this is.
