@@ -310,9 +310,10 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
           + " partition " + partition + " has " + body.readableBytes() + " bytes, expected " + want);
     }
     bytesFetched += body.readableBytes();
-    // Verify the whole chunk before handing any batch out, so a re-fetch never duplicates.
+    // The whole chunk is verified before any batch is handed out, so a re-fetch never
+    // duplicates.
     try {
-      Batch.forEach(body, true, null);
+      Batch.forEachVerified(body, this::keep);
     } catch (ProtocolException e) {
       throw new SluiceException(e.code() == ErrorCode.CHECKSUM_MISMATCH
           ? ErrorCode.CHECKSUM_MISMATCH : ErrorCode.DATA_LOST,
@@ -320,16 +321,18 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
               + client.peer() + ": " + e.getMessage(), e);
     }
     chunk = frame;
-    Batch.forEach(body, false, (h, payload) -> {
-      Committed c = committed.get(h.mapId());
-      if (c == null || h.attemptId() != c.attemptId || h.batchId() < 0
-          || c.seen.get(h.batchId())) {
-        return; // another map, a losing attempt, or a duplicate
-      }
-      c.seen.set(h.batchId());
-      ready.add(payload);
-      readyHeaders.add(h);
-    });
+  }
+
+  /** Queues a verified batch unless it is of another map, a losing attempt, or a duplicate. */
+  private void keep(Batch.Header h, ByteBuf payload) {
+    Committed c = committed.get(h.mapId());
+    if (c == null || h.attemptId() != c.attemptId || h.batchId() < 0
+        || c.seen.get(h.batchId())) {
+      return;
+    }
+    c.seen.set(h.batchId());
+    ready.add(payload);
+    readyHeaders.add(h);
   }
 
   /** The stream is read to its end: close it and check every committed map is complete. */
