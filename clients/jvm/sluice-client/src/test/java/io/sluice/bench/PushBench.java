@@ -61,15 +61,30 @@ public final class PushBench {
     for (int t = 0; t < readers; t++) {
       Thread th = new Thread(() -> {
         try {
-          for (int p = next.getAndIncrement(); p < partitions; p = next.getAndIncrement()) {
-            try (ShuffleReaderClient r = new ShuffleReaderClient(factory, conf, app, shuffleId,
-                a, p, 0, maps)) {
+          // Each thread reads partitions in turn, as a reduce task reads its range: with
+          // sluice.client.prefetchNextPartition (as SluiceShuffleReader does) the next one's
+          // stream opens once the current one has every chunk requested.
+          int p = next.getAndIncrement();
+          ShuffleReaderClient r = p < partitions ? reader(factory, conf, app, shuffleId, a, p,
+              maps) : null;
+          while (r != null) {
+            ShuffleReaderClient ahead = null;
+            boolean asked = false;
+            try (ShuffleReaderClient current = r) {
               long mine = 0;
               long in = 0;
               while (true) {
                 long s = System.nanoTime();
-                boolean more = r.hasNext();
-                io.netty.buffer.ByteBuf b = more ? r.next() : null;
+                boolean more = current.hasNext();
+                io.netty.buffer.ByteBuf b = more ? current.next() : null;
+                if (more && !asked && conf.prefetchNextPartition() && current.allRequested()) {
+                  asked = true;
+                  int q = next.getAndIncrement();
+                  if (q < partitions) {
+                    ahead = reader(factory, conf, app, shuffleId, a, q, maps);
+                    ahead.prefetch();
+                  }
+                }
                 in += System.nanoTime() - s;
                 if (!more) {
                   break;
@@ -78,8 +93,13 @@ public final class PushBench {
               }
               bytes.addAndGet(mine);
               inReader.addAndGet(in);
-              waits.addAndGet(r.fetchWaitNanos());
+              waits.addAndGet(current.fetchWaitNanos());
             }
+            if (!asked) {
+              int q = next.getAndIncrement();
+              ahead = q < partitions ? reader(factory, conf, app, shuffleId, a, q, maps) : null;
+            }
+            r = ahead;
           }
         } catch (Throwable e) {
           failed.add(e);
@@ -102,6 +122,11 @@ public final class PushBench {
         bytes.get(), bytes.get() / wallS / 1e9, cpuS / (bytes.get() / 1e9),
         inReader.get() / 1_000_000, waits.get() / 1_000_000,
         jit.getTotalCompilationTime() - jit0);
+  }
+
+  private static ShuffleReaderClient reader(TransportClientFactory factory, SluiceConf conf,
+      String app, int shuffleId, ShuffleAssignment a, int partition, int maps) {
+    return new ShuffleReaderClient(factory, conf, app, shuffleId, a, partition, 0, maps);
   }
 
   /**
