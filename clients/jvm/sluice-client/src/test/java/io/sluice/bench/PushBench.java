@@ -77,7 +77,8 @@ public final class PushBench {
                 long s = System.nanoTime();
                 boolean more = current.hasNext();
                 io.netty.buffer.ByteBuf b = more ? current.next() : null;
-                if (more && !asked && conf.prefetchNextPartition() && current.allRequested()) {
+                if (more && !asked && PREFETCH_API && conf.prefetchNextPartition()
+                    && current.allRequested()) {
                   asked = true;
                   int q = next.getAndIncrement();
                   if (q < partitions) {
@@ -122,6 +123,22 @@ public final class PushBench {
         bytes.get(), bytes.get() / wallS / 1e9, cpuS / (bytes.get() / 1e9),
         inReader.get() / 1_000_000, waits.get() / 1_000_000,
         jit.getTotalCompilationTime() - jit0);
+  }
+
+  /**
+   * Whether the client's classes can open the next partition ahead: not those of a build from
+   * before it (read.py's --baseline-classes), which then read one partition after the other.
+   */
+  private static final boolean PREFETCH_API = hasPrefetch();
+
+  private static boolean hasPrefetch() {
+    try {
+      ShuffleReaderClient.class.getMethod("prefetch");
+      SluiceConf.class.getMethod("prefetchNextPartition");
+      return true;
+    } catch (NoSuchMethodException e) {
+      return false;
+    }
   }
 
   private static ShuffleReaderClient reader(TransportClientFactory factory, SluiceConf conf,
