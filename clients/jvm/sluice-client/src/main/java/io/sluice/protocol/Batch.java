@@ -88,27 +88,40 @@ public final class Batch {
     int pos = region.readerIndex();
     int end = region.writerIndex();
     while (pos < end) {
-      if (end - pos < HEADER_BYTES) {
-        throw ProtocolException.malformed("batch header runs past the end of its region");
-      }
-      Header h = Header.get(region, pos);
+      Header h = checkedHeader(region, pos, end);
       pos += HEADER_BYTES;
-      long len = Integer.toUnsignedLong(h.length());
-      if (len > end - pos) {
-        throw ProtocolException.malformed("batch payload of " + len + " bytes runs past the end of"
-            + " its region");
-      }
-      if (verifyCrc && crc32c(region, pos, (int) len) != h.crc32c()) {
-        throw new ProtocolException(ErrorCode.CHECKSUM_MISMATCH, "batch checksum mismatch (map "
-            + Integer.toUnsignedString(h.mapId()) + ", attempt "
-            + Integer.toUnsignedString(h.attemptId()) + ", batch "
-            + Integer.toUnsignedString(h.batchId()) + ")");
+      if (verifyCrc && crc32c(region, pos, h.length()) != h.crc32c()) {
+        throw mismatch(h);
       }
       if (visitor != null) {
-        visitor.batch(h, region.slice(pos, (int) len));
+        visitor.batch(h, region.slice(pos, h.length()));
       }
-      pos += (int) len;
+      pos += h.length();
     }
+  }
+
+  /**
+   * The header of the batch at {@code pos}, checked to lie, with its payload, before {@code end}
+   * (so its length is a non-negative int).
+   */
+  private static Header checkedHeader(ByteBuf region, int pos, int end) {
+    if (end - pos < HEADER_BYTES) {
+      throw ProtocolException.malformed("batch header runs past the end of its region");
+    }
+    Header h = Header.get(region, pos);
+    long len = Integer.toUnsignedLong(h.length());
+    if (len > end - pos - HEADER_BYTES) {
+      throw ProtocolException.malformed("batch payload of " + len + " bytes runs past the end of"
+          + " its region");
+    }
+    return h;
+  }
+
+  private static ProtocolException mismatch(Header h) {
+    return new ProtocolException(ErrorCode.CHECKSUM_MISMATCH, "batch checksum mismatch (map "
+        + Integer.toUnsignedString(h.mapId()) + ", attempt "
+        + Integer.toUnsignedString(h.attemptId()) + ", batch "
+        + Integer.toUnsignedString(h.batchId()) + ")");
   }
 
   /**
@@ -129,25 +142,14 @@ public final class Batch {
     Crc crc = new Crc(region.nioBuffers());
     int pos = start;
     while (pos < end) {
-      if (end - pos < HEADER_BYTES) {
-        throw ProtocolException.malformed("batch header runs past the end of its region");
-      }
-      Header h = Header.get(region, pos);
+      Header h = checkedHeader(region, pos, end);
       pos += HEADER_BYTES;
-      long len = Integer.toUnsignedLong(h.length());
-      if (len > end - pos) {
-        throw ProtocolException.malformed("batch payload of " + len + " bytes runs past the end of"
-            + " its region");
-      }
-      if (crc.of(pos - start, (int) len) != h.crc32c()) {
-        throw new ProtocolException(ErrorCode.CHECKSUM_MISMATCH, "batch checksum mismatch (map "
-            + Integer.toUnsignedString(h.mapId()) + ", attempt "
-            + Integer.toUnsignedString(h.attemptId()) + ", batch "
-            + Integer.toUnsignedString(h.batchId()) + ")");
+      if (crc.of(pos - start, h.length()) != h.crc32c()) {
+        throw mismatch(h);
       }
       headers.add(h);
       offsets.add(pos);
-      pos += (int) len;
+      pos += h.length();
     }
     for (int i = 0; i < headers.size(); i++) {
       Header h = headers.get(i);

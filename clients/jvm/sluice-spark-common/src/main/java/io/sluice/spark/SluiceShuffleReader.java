@@ -404,21 +404,20 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
     void close() {
       releaseStream();
       parts.close();
-      if (client != null) {
-        try {
-          client.close();
-        } catch (RuntimeException e) {
-          LOG.debug("closing a Sluice stream: {}", e.toString());
-        }
-        client = null;
+      closeQuietly(client);
+      client = null;
+      closeQuietly(next);
+      next = null;
+    }
+
+    private void closeQuietly(ShuffleReaderClient r) {
+      if (r == null) {
+        return;
       }
-      if (next != null) {
-        try {
-          next.close();
-        } catch (RuntimeException e) {
-          LOG.debug("closing a Sluice stream: {}", e.toString());
-        }
-        next = null;
+      try {
+        r.close();
+      } catch (RuntimeException e) {
+        LOG.debug("closing a Sluice stream: {}", e.toString());
       }
     }
   }
