@@ -91,16 +91,17 @@ def main():
         builds["baseline"] = args.classpath.replace(mine, args.baseline_classes, 1)
     rounds = {name: [] for name in builds}
     try:
-        print(f"{'build':<10} {'run':>3} {'pass':>4} {'round':>5} {'load':>5} {'JVM GB/s':>9} {'Rust GB/s':>10}"
-              f" {'ratio':>6} {'JVM CPU s/GB':>13} {'Rust CPU s/GB':>14} {'JIT ms':>7}", flush=True)
+        print(f"{'build':<10} {'run':>3} {'pass':>4} {'round':>5} {'load':>5} {'JVM GB/s':>9}"
+              f" {'Rust GB/s':>10} {'ratio':>6} {'JVM CPU s/GB':>13} {'Rust CPU s/GB':>14}"
+              f" {'JIT ms':>7}", flush=True)
         for i in range(args.runs):
             for name, cp in builds.items():
                 at = load()
                 for r in run_jvm(cp, cluster.coordinator, binary, args):
                     r["run"], r["load"] = i + 1, at
                     rounds[name].append(r)
-                    print(f"{name:<10} {i + 1:>3} {r['pass']:>4} {r['round']:>5} {at:>5} {r['read_gbps']:>9.2f} "
-                          f"{r['rust_read_gbps']:>10.2f} "
+                    print(f"{name:<10} {i + 1:>3} {r['pass']:>4} {r['round']:>5} {at:>5} "
+                          f"{r['read_gbps']:>9.2f} {r['rust_read_gbps']:>10.2f} "
                           f"{r['read_gbps'] / r['rust_read_gbps']:>6.2f} "
                           f"{r['read_cpu_s_per_gb']:>13.3f} {r['rust_read_cpu_s_per_gb']:>14.3f} "
                           f"{r['read_jit_ms']:>7}",

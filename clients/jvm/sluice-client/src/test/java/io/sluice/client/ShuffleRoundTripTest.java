@@ -9,8 +9,11 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import io.netty.buffer.ByteBuf;
 import io.sluice.protocol.ErrorCode;
 import io.sluice.protocol.ErrorMessage;
+import io.sluice.protocol.Frame;
 import io.sluice.protocol.MapperEnd;
 import io.sluice.protocol.MapperEndResult;
+import io.sluice.protocol.Message;
+import io.sluice.protocol.OpenStream;
 import io.sluice.protocol.Ping;
 import io.sluice.protocol.PushMerged;
 import java.io.ByteArrayInputStream;
@@ -22,7 +25,10 @@ import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.function.Function;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
@@ -307,10 +313,10 @@ class ShuffleRoundTripTest {
     writeMap(a, 0, 0, 40, true);
     writeMap(a, 1, 0, 40, true);
     coord.commitShuffle(APP, a);
-    List<String> log = new java.util.concurrent.CopyOnWriteArrayList<>();
-    java.util.concurrent.atomic.AtomicInteger failOpens = new java.util.concurrent.atomic.AtomicInteger();
-    java.util.function.Function<io.sluice.protocol.Frame, io.sluice.protocol.Message> spy = f -> {
-      if (f.message() instanceof io.sluice.protocol.OpenStream o) {
+    List<String> log = new CopyOnWriteArrayList<>();
+    AtomicInteger failOpens = new AtomicInteger();
+    Function<Frame, Message> spy = f -> {
+      if (f.message() instanceof OpenStream o) {
         log.add("open p" + o.partitionId());
         if (failOpens.getAndDecrement() > 0) {
           return ErrorMessage.of(ErrorCode.INTERNAL, "an open that fails");
