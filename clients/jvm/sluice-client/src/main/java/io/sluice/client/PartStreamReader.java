@@ -251,19 +251,92 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
     nextToConsume++;
   }
 
+  /**
+   * Whether the stream is open and every one of its chunks has been requested: from then on the
+   * reader of the partition after this one may open its stream ({@link #prefetch}).
+   */
+  boolean allRequested() {
+    return streamOpen && !done && nextToFetch == chunkLengths.size();
+  }
+
+  /**
+   * A stream opened ahead ({@link #prefetch}): the OpenStream's answer and, when it is a stream
+   * handle with chunks, the request of its first chunk, sent by the event loop on the answer.
+   */
+  private record Ahead(TransportClient client, Message answer, CompletableFuture<Frame> first) {}
+
+  /** The stream opened ahead, until {@link #open} takes it (or {@link #close} drops it). */
+  private CompletableFuture<Ahead> ahead;
+
+  /**
+   * Sends the stream's OpenStream before the first {@link #hasNext}, and the request of its first
+   * chunk as soon as the answer arrives (on the connection's event loop: the caller does not
+   * wait for either), so that both are on their way while the caller still reads the partition
+   * before this one. Best effort and without fail-over: {@link #hasNext} takes the answer, and
+   * opens the stream as usual, with its fail-over, if there is none. No-op once the stream is
+   * open.
+   */
+  void prefetch() {
+    if (closed || done || streamOpen || ahead != null) {
+      return;
+    }
+    try {
+      TransportClient c = factory.getClient(server());
+      ahead = c.call(new OpenStream(appId, shuffleId, partition, mapStart, mapEnd, attempts))
+          .thenApply(m -> new Ahead(c, m, m instanceof StreamHandle h
+              && !h.chunkLengths().isEmpty()
+              ? c.request(new FetchChunk(h.streamId(), 0), null) : null));
+    } catch (RuntimeException e) {
+      LOG.debug("opening shuffle {} partition {}{} ahead failed ({}); it opens when read",
+          shuffleId, partition, part, e.toString());
+    }
+  }
+
   private void open() {
+    CompletableFuture<Ahead> f = ahead;
+    ahead = null;
+    if (f != null) {
+      Ahead a;
+      try {
+        a = TransportClient.await(f);
+      } catch (SluiceException e) {
+        dropAhead(f);
+        if (Thread.currentThread().isInterrupted()) {
+          throw e;
+        }
+        LOG.debug("opening shuffle {} partition {}{} ahead failed ({}); opening it now",
+            shuffleId, partition, part, e.toString());
+        a = null;
+      }
+      if (a != null) {
+        client = a.client();
+        if (a.first() != null) {
+          inFlight.add(a.first());
+        }
+        opened(a.answer(), 0, a.first() != null ? 1 : 0);
+        return;
+      }
+    }
     long start = System.nanoTime();
     client = factory.getClient(server());
     Message m = client.callSync(
         new OpenStream(appId, shuffleId, partition, mapStart, mapEnd, attempts));
+    opened(m, System.nanoTime() - start, 0);
+  }
+
+  /**
+   * Takes the answer to the stream's OpenStream ({@code requested} of its chunks already
+   * requested, in {@code inFlight}) and requests chunks up to fetchPrefetchChunks ahead.
+   */
+  private void opened(Message m, long nanos, int requested) {
     if (!(m instanceof StreamHandle h)) {
       throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION, "expected StreamHandle, got " + m);
     }
     streamId = h.streamId();
     chunkLengths = h.chunkLengths();
     streamOpen = true;
-    openNanos = System.nanoTime() - start;
-    nextToFetch = 0;
+    openNanos = nanos;
+    nextToFetch = requested;
     nextToConsume = 0;
     for (StreamHandle.CommittedMap c : h.committed()) {
       if (c.mapId() < mapStart || c.mapId() >= mapEnd) {
@@ -291,7 +364,11 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
 
   /** Keeps up to fetchPrefetchChunks chunk requests in flight. */
   private void requestAhead() {
-    while (inFlight.size() < conf.fetchPrefetchChunks() && nextToFetch < chunkLengths.size()) {
+    requestAhead(conf.fetchPrefetchChunks());
+  }
+
+  private void requestAhead(int window) {
+    while (inFlight.size() < window && nextToFetch < chunkLengths.size()) {
       inFlight.add(client.request(new FetchChunk(streamId, nextToFetch++), null));
     }
   }
@@ -310,9 +387,10 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
           + " partition " + partition + " has " + body.readableBytes() + " bytes, expected " + want);
     }
     bytesFetched += body.readableBytes();
-    // Verify the whole chunk before handing any batch out, so a re-fetch never duplicates.
+    // The whole chunk is verified before any batch is handed out, so a re-fetch never
+    // duplicates.
     try {
-      Batch.forEach(body, true, null);
+      Batch.forEachVerified(body, this::keep);
     } catch (ProtocolException e) {
       throw new SluiceException(e.code() == ErrorCode.CHECKSUM_MISMATCH
           ? ErrorCode.CHECKSUM_MISMATCH : ErrorCode.DATA_LOST,
@@ -320,16 +398,18 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
               + client.peer() + ": " + e.getMessage(), e);
     }
     chunk = frame;
-    Batch.forEach(body, false, (h, payload) -> {
-      Committed c = committed.get(h.mapId());
-      if (c == null || h.attemptId() != c.attemptId || h.batchId() < 0
-          || c.seen.get(h.batchId())) {
-        return; // another map, a losing attempt, or a duplicate
-      }
-      c.seen.set(h.batchId());
-      ready.add(payload);
-      readyHeaders.add(h);
-    });
+  }
+
+  /** Queues a verified batch unless it is of another map, a losing attempt, or a duplicate. */
+  private void keep(Batch.Header h, ByteBuf payload) {
+    Committed c = committed.get(h.mapId());
+    if (c == null || h.attemptId() != c.attemptId || h.batchId() < 0
+        || c.seen.get(h.batchId())) {
+      return;
+    }
+    c.seen.set(h.batchId());
+    ready.add(payload);
+    readyHeaders.add(h);
   }
 
   /** The stream is read to its end: close it and check every committed map is complete. */
@@ -364,8 +444,30 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
     }
   }
 
+  /**
+   * Drops a stream opened ahead that will not be read: its first chunk is released and the
+   * stream closed when they arrive.
+   */
+  private static void dropAhead(CompletableFuture<Ahead> f) {
+    f.whenComplete((a, e) -> {
+      if (a == null) {
+        return;
+      }
+      if (a.first() != null) {
+        releaseOnArrival(a.first());
+      }
+      if (a.answer() instanceof StreamHandle h && a.client().isActive()) {
+        a.client().call(new CloseStream(h.streamId()));
+      }
+    });
+  }
+
   /** Drops the current stream after a failure: its chunks in flight are released on arrival. */
   private void abandonStream() {
+    if (ahead != null) {
+      dropAhead(ahead);
+      ahead = null;
+    }
     releaseChunk();
     for (CompletableFuture<Frame> f : inFlight) {
       releaseOnArrival(f);

@@ -139,6 +139,31 @@ public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseab
     }
   }
 
+  /**
+   * Whether this reader has requested every chunk it will read (it is on its last part, and that
+   * part's stream has every chunk requested): the moment to {@link #prefetch} the reader of the
+   * task's next partition, whose first chunk then arrives while this one's last chunks are read.
+   */
+  public boolean allRequested() {
+    return current != null && nextPart == parts.size() && current.allRequested();
+  }
+
+  /**
+   * Opens this reader's stream now, before its first {@link #hasNext()}, and requests its first
+   * chunk: for a reduce task that reads several partitions, called on the next partition's reader
+   * once the current one {@link #allRequested()}, so that the next stream's opening and first
+   * chunk overlap the current one's last chunks (the task then has up to fetchPrefetchChunks + 1
+   * chunks in flight). Best effort: a failure here is not thrown, and the stream is opened again
+   * (with fail-over) on {@link #hasNext()}. No-op once reading has started.
+   */
+  public void prefetch() {
+    if (closed || done || current != null || nextPart != 0 || parts.isEmpty()) {
+      return;
+    }
+    current = openPart(nextPart++);
+    current.prefetch();
+  }
+
   private PartStreamReader openPart(int k) {
     String name = parts.size() == 1 ? "" : " (part " + (k + 1) + " of " + parts.size() + ")";
     return new PartStreamReader(factory, conf, appId, shuffleId, assignment, partition, name,

@@ -31,6 +31,7 @@ import java.util.Map;
  * <tr><td>sluice.client.maxInFlightBytes</td><td>64m</td><td>a writer blocks while this many pushed bytes await their ack</td></tr>
  * <tr><td>sluice.client.maxFrameBytes</td><td>64m</td><td>max_frame_bytes proposed in the handshake</td></tr>
  * <tr><td>sluice.client.fetchPrefetchChunks</td><td>4</td><td>chunks a reader requests ahead</td></tr>
+ * <tr><td>sluice.client.prefetchNextPartition</td><td>false</td><td>a reduce task reading several partitions opens the next one's stream and requests its first chunk once the current one has every chunk requested</td></tr>
  * <tr><td>sluice.client.busyMaxRetries</td><td>50</td><td>times a push answered Busy is retried</td></tr>
  * <tr><td>sluice.client.busyBackoffMaxMs</td><td>5000</td><td>cap on the wait a Busy asks for</td></tr>
  * <tr><td>sluice.client.maxRetries</td><td>3</td><td>retries of a request failing with a retriable error</td></tr>
@@ -72,6 +73,7 @@ public final class SluiceConf {
   private final int writeBufferHighWatermarkBytes;
   private final int writeBufferLowWatermarkBytes;
   private final boolean preferEpoll;
+  private final boolean prefetchNextPartition;
 
   private SluiceConf(Map<String, String> map) {
     this.values = Collections.unmodifiableMap(new HashMap<>(map));
@@ -133,6 +135,7 @@ public final class SluiceConf {
             writeBufferHighWatermarkBytes);
     this.maxReadBytes = (int) bytesIn("sluice.client.maxReadBytes", 1L << 20, 4L << 10, 64L << 20);
     this.preferEpoll = bool("sluice.client.preferEpoll", true);
+    this.prefetchNextPartition = bool("sluice.client.prefetchNextPartition", false);
   }
 
   /** Options from {@code sluice.*} keys; missing keys take their defaults. */
@@ -323,6 +326,14 @@ public final class SluiceConf {
 
   public boolean preferEpoll() {
     return preferEpoll;
+  }
+
+  /**
+   * Whether a reader of several partitions in turn opens the next one's stream, and requests its
+   * first chunk, while it reads the current one ({@link ShuffleReaderClient#prefetch}).
+   */
+  public boolean prefetchNextPartition() {
+    return prefetchNextPartition;
   }
 
   /** The wait before retry number {@code attempt} (1-based): retryWaitMs doubled each time. */

@@ -22,6 +22,7 @@ import io.sluice.protocol.ProtocolException;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.RejectedExecutionException;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 
@@ -184,6 +185,30 @@ public final class TransportClient implements AutoCloseable {
           + message.type().wireName() + " to " + peer + ": " + e.getMessage(), e));
       return p.future;
     }
+    if (body == null && !channel.eventLoop().inEventLoop()) {
+      // A request without body from another thread (a reader's FetchChunk, a call): one task
+      // on the event loop arms its timeout and writes it, instead of a task for each, and the
+      // caller's thread never runs (nor has compiled into it) the pipeline's write path. (A body
+      // goes through writeAndFlush below, which counts its bytes against the channel's water
+      // marks before the event loop writes them.)
+      try {
+        channel.eventLoop().execute(() -> write(p, id, message, out));
+      } catch (RejectedExecutionException e) {
+        out.release();
+        fail(id, SluiceException.connectionFailure("connection to " + peer + " is closed", e));
+      }
+    } else {
+      write(p, id, message, out);
+    }
+    return p.future;
+  }
+
+  /** Arms the request's timeout and writes its frame ({@code out}, released once written). */
+  private void write(Pending p, int id, Message message, ByteBuf out) {
+    if (p.future.isDone()) {
+      out.release(); // failed meanwhile (the connection was lost)
+      return;
+    }
     p.timeout = channel.eventLoop().schedule(
         () -> fail(id, new SluiceException(ErrorCode.TIMEOUT, message.type().wireName()
             + " to " + peer + " got no answer in " + requestTimeoutMs + " ms")),
@@ -194,7 +219,6 @@ public final class TransportClient implements AutoCloseable {
             "writing " + message.type().wireName() + " to " + peer + " failed", f.cause()));
       }
     });
-    return p.future;
   }
 
   /** Sends a request without body and returns its response message (the frame is released). */

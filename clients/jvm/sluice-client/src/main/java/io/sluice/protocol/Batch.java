@@ -2,6 +2,9 @@ package io.sluice.protocol;
 
 import io.netty.buffer.ByteBuf;
 import java.nio.ByteBuffer;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
 import java.util.zip.CRC32C;
 
 /**
@@ -85,26 +88,137 @@ public final class Batch {
     int pos = region.readerIndex();
     int end = region.writerIndex();
     while (pos < end) {
-      if (end - pos < HEADER_BYTES) {
-        throw ProtocolException.malformed("batch header runs past the end of its region");
-      }
-      Header h = Header.get(region, pos);
+      Header h = checkedHeader(region, pos, end);
       pos += HEADER_BYTES;
-      long len = Integer.toUnsignedLong(h.length());
-      if (len > end - pos) {
-        throw ProtocolException.malformed("batch payload of " + len + " bytes runs past the end of"
-            + " its region");
-      }
-      if (verifyCrc && crc32c(region, pos, (int) len) != h.crc32c()) {
-        throw new ProtocolException(ErrorCode.CHECKSUM_MISMATCH, "batch checksum mismatch (map "
-            + Integer.toUnsignedString(h.mapId()) + ", attempt "
-            + Integer.toUnsignedString(h.attemptId()) + ", batch "
-            + Integer.toUnsignedString(h.batchId()) + ")");
+      if (verifyCrc && crc32c(region, pos, h.length()) != h.crc32c()) {
+        throw mismatch(h);
       }
       if (visitor != null) {
-        visitor.batch(h, region.slice(pos, (int) len));
+        visitor.batch(h, region.slice(pos, h.length()));
       }
-      pos += (int) len;
+      pos += h.length();
+    }
+  }
+
+  /**
+   * The header of the batch at {@code pos}, checked to lie, with its payload, before {@code end}
+   * (so its length is a non-negative int).
+   */
+  private static Header checkedHeader(ByteBuf region, int pos, int end) {
+    if (end - pos < HEADER_BYTES) {
+      throw ProtocolException.malformed("batch header runs past the end of its region");
+    }
+    Header h = Header.get(region, pos);
+    long len = Integer.toUnsignedLong(h.length());
+    if (len > end - pos - HEADER_BYTES) {
+      throw ProtocolException.malformed("batch payload of " + len + " bytes runs past the end of"
+          + " its region");
+    }
+    return h;
+  }
+
+  private static ProtocolException mismatch(Header h) {
+    return new ProtocolException(ErrorCode.CHECKSUM_MISMATCH, "batch checksum mismatch (map "
+        + Integer.toUnsignedString(h.mapId()) + ", attempt "
+        + Integer.toUnsignedString(h.attemptId()) + ", batch "
+        + Integer.toUnsignedString(h.batchId()) + ")");
+  }
+
+  /**
+   * {@link #forEach} for a fetched chunk: checks that the readable bytes of {@code region} are
+   * whole batches with matching CRCs, and only then hands each batch to {@code visitor}, so a
+   * corrupted chunk hands out none. The headers are decoded once, and the CRCs are computed over
+   * the region's NIO buffers, taken once for the whole region (a chunk received in many reads is
+   * a composite of them), not over a new set of buffers per batch. Indexes of {@code region} are
+   * not moved; nothing is retained or released.
+   *
+   * @throws ProtocolException as {@link #forEach}, before any batch is visited
+   */
+  public static void forEachVerified(ByteBuf region, Visitor visitor) {
+    int start = region.readerIndex();
+    int end = region.writerIndex();
+    List<Header> headers = new ArrayList<>();
+    IntArrayList offsets = new IntArrayList();
+    Crc crc = new Crc(region.nioBuffers());
+    int pos = start;
+    while (pos < end) {
+      Header h = checkedHeader(region, pos, end);
+      pos += HEADER_BYTES;
+      if (crc.of(pos - start, h.length()) != h.crc32c()) {
+        throw mismatch(h);
+      }
+      headers.add(h);
+      offsets.add(pos);
+      pos += h.length();
+    }
+    for (int i = 0; i < headers.size(); i++) {
+      Header h = headers.get(i);
+      visitor.batch(h, region.slice(offsets.get(i), h.length()));
+    }
+  }
+
+  /** A growable array of ints (the payload offsets of a chunk's batches). */
+  private static final class IntArrayList {
+    private int[] items = new int[64];
+    private int size;
+
+    void add(int v) {
+      if (size == items.length) {
+        items = Arrays.copyOf(items, size * 2);
+      }
+      items[size++] = v;
+    }
+
+    int get(int i) {
+      return items[i];
+    }
+  }
+
+  /**
+   * CRC-32C of byte ranges of a region held as consecutive NIO buffers (a region's
+   * {@code nioBuffers()}): a range may span several of them.
+   */
+  private static final class Crc {
+    private final CRC32C crc = new CRC32C();
+    private final ByteBuffer[] parts;
+    /** Each part's first byte, as an offset into the region, and its position and length. */
+    private final int[] partStart;
+    private final int[] basePos;
+    private final int[] length;
+    private int part;
+
+    Crc(ByteBuffer[] parts) {
+      this.parts = parts;
+      partStart = new int[parts.length];
+      basePos = new int[parts.length];
+      length = new int[parts.length];
+      int at = 0;
+      for (int i = 0; i < parts.length; i++) {
+        partStart[i] = at;
+        basePos[i] = parts[i].position();
+        length[i] = parts[i].remaining();
+        at += length[i];
+      }
+    }
+
+    /** CRC-32C of {@code len} bytes from {@code off} (ranges asked for in ascending order). */
+    int of(int off, int len) {
+      crc.reset();
+      while (len > 0) {
+        while (off >= partStart[part] + length[part]) {
+          part++;
+        }
+        int from = basePos[part] + off - partStart[part];
+        int n = Math.min(len, partStart[part] + length[part] - off);
+        ByteBuffer b = parts[part];
+        b.limit(basePos[part] + length[part]);
+        b.position(from);
+        b.limit(from + n);
+        crc.update(b);
+        off += n;
+        len -= n;
+      }
+      return (int) crc.getValue();
     }
   }
 

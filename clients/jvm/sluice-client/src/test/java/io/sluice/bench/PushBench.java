@@ -28,6 +28,11 @@ import java.util.concurrent.atomic.AtomicLong;
  *
  * <p>Arguments: {@code coordinator rounds maps partitions mapMiB batchKiB [key=value ...]}, the
  * last being {@link SluiceConf} settings (say {@code sluice.client.pushBatchBytes=256k}).
+ *
+ * <p>With {@code read=1} (bench/jvm/read.py) every round's shuffle is committed and kept, and once
+ * all are pushed each is read back ({@code readers=N} partitions at a time) through the JVM
+ * reader and, with {@code rust=PATH}, through {@code sluice bench read}; {@code passes=N} reads
+ * them all N times over. Then a JSON line per round and pass carries both readers' figures.
  */
 public final class PushBench {
   private PushBench() {}
@@ -48,21 +53,39 @@ public final class PushBench {
     AtomicLong bytes = new AtomicLong();
     AtomicInteger next = new AtomicInteger();
     List<Throwable> failed = java.util.Collections.synchronizedList(new ArrayList<>());
+    var jit = ManagementFactory.getCompilationMXBean();
+    long jit0 = jit.getTotalCompilationTime();
     long cpu0 = os.getProcessCpuTime();
     long t0 = System.nanoTime();
     List<Thread> threads = new ArrayList<>();
     for (int t = 0; t < readers; t++) {
       Thread th = new Thread(() -> {
         try {
-          for (int p = next.getAndIncrement(); p < partitions; p = next.getAndIncrement()) {
-            try (ShuffleReaderClient r = new ShuffleReaderClient(factory, conf, app, shuffleId,
-                a, p, 0, maps)) {
+          // Each thread reads partitions in turn, as a reduce task reads its range: with
+          // sluice.client.prefetchNextPartition (as SluiceShuffleReader does) the next one's
+          // stream opens once the current one has every chunk requested.
+          int p = next.getAndIncrement();
+          ShuffleReaderClient r = p < partitions ? reader(factory, conf, app, shuffleId, a, p,
+              maps) : null;
+          while (r != null) {
+            ShuffleReaderClient ahead = null;
+            boolean asked = false;
+            try (ShuffleReaderClient current = r) {
               long mine = 0;
               long in = 0;
               while (true) {
                 long s = System.nanoTime();
-                boolean more = r.hasNext();
-                io.netty.buffer.ByteBuf b = more ? r.next() : null;
+                boolean more = current.hasNext();
+                io.netty.buffer.ByteBuf b = more ? current.next() : null;
+                if (more && !asked && PREFETCH_API && conf.prefetchNextPartition()
+                    && current.allRequested()) {
+                  asked = true;
+                  int q = next.getAndIncrement();
+                  if (q < partitions) {
+                    ahead = reader(factory, conf, app, shuffleId, a, q, maps);
+                    ahead.prefetch();
+                  }
+                }
                 in += System.nanoTime() - s;
                 if (!more) {
                   break;
@@ -71,8 +94,13 @@ public final class PushBench {
               }
               bytes.addAndGet(mine);
               inReader.addAndGet(in);
-              waits.addAndGet(r.fetchWaitNanos());
+              waits.addAndGet(current.fetchWaitNanos());
             }
+            if (!asked) {
+              int q = next.getAndIncrement();
+              ahead = q < partitions ? reader(factory, conf, app, shuffleId, a, q, maps) : null;
+            }
+            r = ahead;
           }
         } catch (Throwable e) {
           failed.add(e);
@@ -90,9 +118,32 @@ public final class PushBench {
     double wallS = (System.nanoTime() - t0) / 1e9;
     double cpuS = (os.getProcessCpuTime() - cpu0) / 1e9;
     return String.format(java.util.Locale.ROOT, "\"read_bytes\": %d, \"read_gbps\": %.3f, "
-        + "\"read_cpu_s_per_gb\": %.3f, \"in_reader_ms\": %d, \"reader_waits_ms\": %d",
+        + "\"read_cpu_s_per_gb\": %.3f, \"in_reader_ms\": %d, \"reader_waits_ms\": %d, "
+        + "\"read_jit_ms\": %d",
         bytes.get(), bytes.get() / wallS / 1e9, cpuS / (bytes.get() / 1e9),
-        inReader.get() / 1_000_000, waits.get() / 1_000_000);
+        inReader.get() / 1_000_000, waits.get() / 1_000_000,
+        jit.getTotalCompilationTime() - jit0);
+  }
+
+  /**
+   * Whether the client's classes can open the next partition ahead: not those of a build from
+   * before it (read.py's --baseline-classes), which then read one partition after the other.
+   */
+  private static final boolean PREFETCH_API = hasPrefetch();
+
+  private static boolean hasPrefetch() {
+    try {
+      ShuffleReaderClient.class.getMethod("prefetch");
+      SluiceConf.class.getMethod("prefetchNextPartition");
+      return true;
+    } catch (NoSuchMethodException e) {
+      return false;
+    }
+  }
+
+  private static ShuffleReaderClient reader(TransportClientFactory factory, SluiceConf conf,
+      String app, int shuffleId, ShuffleAssignment a, int partition, int maps) {
+    return new ShuffleReaderClient(factory, conf, app, shuffleId, a, partition, 0, maps);
   }
 
   /**
@@ -141,6 +192,8 @@ public final class PushBench {
     String rustReader = settings.remove("rust");
     int readers = Integer.parseInt(settings.getOrDefault("readers", "1"));
     settings.remove("readers");
+    int passes = Integer.parseInt(settings.getOrDefault("passes", "1"));
+    settings.remove("passes");
     SluiceConf conf = SluiceConf.fromMap(settings);
     String app = "push-bench-" + ProcessHandle.current().pid();
     // A few distinct payloads, so no batch is a copy of the one before it.
@@ -156,6 +209,7 @@ public final class PushBench {
     double totalWallS = 0;
     double totalCpuS = 0;
     List<String> lines = new ArrayList<>();
+    List<ShuffleAssignment> committed = new ArrayList<>();
     try (TransportClientFactory factory = new TransportClientFactory(conf, app)) {
       CoordinatorClient coord = new CoordinatorClient(factory, List.of(coordinator));
       coord.registerApp(app);
@@ -188,31 +242,46 @@ public final class PushBench {
           throw new IllegalStateException("the servers stored " + storedBytes + " bytes of "
               + bytes + " pushed");
         }
-        String read = "";
-        if (readOnly != null) {
-          // Both readers on the same committed shuffle, the first alternating by round.
-          String jvmRead = null;
-          String rustRead = null;
-          for (int turn = 0; turn < 2; turn++) {
-            boolean jvmTurn = (turn + r) % 2 == 0;
-            if (jvmTurn) {
-              jvmRead = read(factory, conf, app, r, a, maps, partitions, readers);
-            } else if (rustReader != null) {
-              rustRead = readWithRust(rustReader, coordinator, app, r, maps, readers);
-            }
-          }
-          read = ", " + jvmRead + (rustRead == null ? "" : ", " + rustRead)
-              + ", \"readers\": " + readers;
-        }
-        coord.unregisterShuffle(app, a);
         totalBytes += bytes;
         totalWallS += wallS;
         totalCpuS += cpuS;
         lines.add(String.format(java.util.Locale.ROOT, "{\"round\": %d, \"bytes\": %d, "
             + "\"gbps\": %.3f, \"cpu_s_per_gb\": %.3f, \"jit_ms\": %d, \"tls_engine\": \"%s\"}",
             r, bytes, bytes / wallS / 1e9, cpuS / (bytes / 1e9),
-            jit.getTotalCompilationTime() - jit0, factory.tlsEngine())
-            .replace("}", read + "}"));
+            jit.getTotalCompilationTime() - jit0, factory.tlsEngine()));
+        if (readOnly == null) {
+          coord.unregisterShuffle(app, a);
+        } else {
+          committed.add(a);
+        }
+      }
+      // As a Spark job runs its stages: every shuffle is pushed and committed (the map stages)
+      // before any is read (the reduce stages), so the push path's JIT compilations do not run
+      // on the same cores as the reads. Each pass reads every committed shuffle with both
+      // readers, the first alternating; a later pass reads in a JVM whose read path is compiled.
+      List<String> reads = new ArrayList<>();
+      for (int pass = 0; pass < passes; pass++) {
+        for (int r = 0; r < committed.size(); r++) {
+          ShuffleAssignment a = committed.get(r);
+          String jvmRead = null;
+          String rustRead = null;
+          for (int turn = 0; turn < 2; turn++) {
+            boolean jvmTurn = (turn + r + pass) % 2 == 0;
+            if (jvmTurn) {
+              jvmRead = read(factory, conf, app, r, a, maps, partitions, readers);
+            } else if (rustReader != null) {
+              rustRead = readWithRust(rustReader, coordinator, app, r, maps, readers);
+            }
+          }
+          reads.add(lines.get(r).replace("}", ", \"pass\": " + pass + ", " + jvmRead
+              + (rustRead == null ? "" : ", " + rustRead) + ", \"readers\": " + readers + "}"));
+        }
+      }
+      for (ShuffleAssignment a : committed) {
+        coord.unregisterShuffle(app, a);
+      }
+      if (readOnly != null) {
+        lines = reads;
       }
       coord.unregisterApp(app);
     }

@@ -9,8 +9,11 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import io.netty.buffer.ByteBuf;
 import io.sluice.protocol.ErrorCode;
 import io.sluice.protocol.ErrorMessage;
+import io.sluice.protocol.Frame;
 import io.sluice.protocol.MapperEnd;
 import io.sluice.protocol.MapperEndResult;
+import io.sluice.protocol.Message;
+import io.sluice.protocol.OpenStream;
 import io.sluice.protocol.Ping;
 import io.sluice.protocol.PushMerged;
 import java.io.ByteArrayInputStream;
@@ -22,7 +25,10 @@ import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.function.Function;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
@@ -283,6 +289,75 @@ class ShuffleRoundTripTest {
     });
     assertTrue(e.getMessage().contains("interrupted"), e.getMessage());
     Thread.sleep(800); // the chunks arrive
+  }
+
+  /** Every batch of a reader, in the order read. */
+  private static List<String> drain(ShuffleReaderClient r) {
+    List<String> out = new ArrayList<>();
+    while (r.hasNext()) {
+      out.add(r.next().toString(StandardCharsets.UTF_8));
+    }
+    Collections.sort(out);
+    return out;
+  }
+
+  /**
+   * A reduce task reading two partitions opens the second one's stream once the first has every
+   * chunk requested (prefetch, which does not wait for the answer), before the first is read to
+   * its end; the second then reads its batches on that stream without opening another. A
+   * prefetch that fails is not thrown: the stream opens again when the reader is read.
+   */
+  @Test
+  void theNextPartitionOpensAheadAndAFailedPrefetchOpensWhenRead() {
+    ShuffleAssignment a = coord.registerShuffle(APP, 3, 2, 2, 1);
+    writeMap(a, 0, 0, 40, true);
+    writeMap(a, 1, 0, 40, true);
+    coord.commitShuffle(APP, a);
+    List<String> log = new CopyOnWriteArrayList<>();
+    AtomicInteger failOpens = new AtomicInteger();
+    Function<Frame, Message> spy = f -> {
+      if (f.message() instanceof OpenStream o) {
+        log.add("open p" + o.partitionId());
+        if (failOpens.getAndDecrement() > 0) {
+          return ErrorMessage.of(ErrorCode.INTERNAL, "an open that fails");
+        }
+      }
+      return null;
+    };
+    s1.custom = spy;
+    s2.custom = spy;
+    try (ShuffleReaderClient r0 = new ShuffleReaderClient(factory, conf, APP, 3, a, 0, 0, 2);
+        ShuffleReaderClient r1 = new ShuffleReaderClient(factory, conf, APP, 3, a, 1, 0, 2)) {
+      List<String> got = new ArrayList<>();
+      int batchesAtPrefetch = -1;
+      while (r0.hasNext()) {
+        got.add(r0.next().toString(StandardCharsets.UTF_8));
+        if (batchesAtPrefetch < 0 && r0.allRequested()) {
+          batchesAtPrefetch = got.size();
+          r1.prefetch(); // sends the OpenStream and returns
+          long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
+          while (log.size() < 2 && System.nanoTime() < deadline) {
+            Thread.onSpinWait();
+          }
+          assertEquals(List.of("open p0", "open p1"), log, "partition 1 opened ahead");
+        }
+      }
+      assertTrue(batchesAtPrefetch > 0 && batchesAtPrefetch < got.size(),
+          "prefetched after " + batchesAtPrefetch + " of " + got.size() + " batches");
+      Collections.sort(got);
+      assertEquals(expected(0, new int[] {0, 1}, 0, 40), got);
+      assertFalse(r0.allRequested()); // read to its end
+      assertEquals(expected(1, new int[] {0, 1}, 0, 40), drain(r1));
+      assertEquals(List.of("open p0", "open p1"), log, "no second open of partition 1");
+    }
+
+    log.clear();
+    failOpens.set(1);
+    try (ShuffleReaderClient r = new ShuffleReaderClient(factory, conf, APP, 3, a, 1, 0, 2)) {
+      r.prefetch(); // refused: not thrown
+      assertEquals(expected(1, new int[] {0, 1}, 0, 40), drain(r));
+      assertEquals(List.of("open p1", "open p1"), log);
+    }
   }
 
   @Test

@@ -1,7 +1,9 @@
 package io.sluice.client;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.util.List;
 import java.util.Map;
@@ -22,6 +24,9 @@ class SluiceConfTest {
     assertEquals(1 << 20, c.maxReadBytes());
     assertEquals(64 << 10, SluiceConf.fromMap(Map.of("sluice.client.maxReadBytes", "64k"))
         .maxReadBytes());
+    assertFalse(c.prefetchNextPartition());
+    assertTrue(SluiceConf.fromMap(Map.of("sluice.client.prefetchNextPartition", "true"))
+        .prefetchNextPartition());
     assertEquals("", c.secret());
     assertEquals(List.of(), c.coordinators());
   }
@@ -60,6 +65,8 @@ class SluiceConfTest {
         () -> SluiceConf.fromMap(Map.of("sluice.client.requestTimeoutMs", "soon")));
     assertThrows(IllegalArgumentException.class,
         () -> SluiceConf.fromMap(Map.of("sluice.client.preferEpoll", "maybe")));
+    assertThrows(IllegalArgumentException.class,
+        () -> SluiceConf.fromMap(Map.of("sluice.client.prefetchNextPartition", "yes")));
     assertThrows(IllegalArgumentException.class,
         () -> SluiceConf.fromMap(Map.of("sluice.client.maxReadBytes", "1k")));
     // A push batch must fit well inside a frame.

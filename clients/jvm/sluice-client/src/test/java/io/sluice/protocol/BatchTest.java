@@ -49,4 +49,50 @@ class BatchTest {
     Batch.validate(Unpooled.EMPTY_BUFFER);
     assertEquals("", ByteBufUtil.hexDump(Unpooled.EMPTY_BUFFER));
   }
+
+  /**
+   * A chunk as the reader receives it: a slice of a composite of the socket's reads, cut at
+   * arbitrary places (through headers and payloads). forEachVerified hands out the same batches
+   * as forEach, and a corrupted chunk none at all.
+   */
+  @Test
+  void verifiesAChunkSpreadOverManyBuffersBeforeHandingOutAny() {
+    java.util.Random rnd = new java.util.Random(3);
+    ByteBuf whole = Unpooled.buffer();
+    for (int i = 0; i < 40; i++) {
+      byte[] bytes = new byte[rnd.nextInt(3000)];
+      rnd.nextBytes(bytes);
+      ByteBuf payload = Unpooled.wrappedBuffer(bytes);
+      Batch.header(3, 0, i, payload).write(whole);
+      whole.writeBytes(payload);
+    }
+    List<String> expected = new ArrayList<>();
+    Batch.forEach(whole, true, (h, p) -> expected.add(h.batchId() + ":" + ByteBufUtil.hexDump(p)));
+    assertEquals(40, expected.size());
+    for (int piece : new int[] {13, 250, 1000, whole.readableBytes()}) {
+      io.netty.buffer.CompositeByteBuf reads = Unpooled.compositeBuffer(Integer.MAX_VALUE);
+      reads.addComponent(true, Unpooled.wrappedBuffer(new byte[] {9, 9, 9}));
+      for (int at = 0; at < whole.readableBytes(); at += piece) {
+        int n = Math.min(piece, whole.readableBytes() - at);
+        reads.addComponent(true, Unpooled.directBuffer(n).writeBytes(whole, at, n));
+      }
+      ByteBuf chunk = reads.slice(3, whole.readableBytes()); // after a frame head, as in a frame
+      List<String> seen = new ArrayList<>();
+      Batch.forEachVerified(chunk, (h, p) -> seen.add(h.batchId() + ":" + ByteBufUtil.hexDump(p)));
+      assertEquals(expected, seen, "pieces of " + piece + " bytes");
+
+      // A flipped byte in the last batch: a mismatch, and no batch handed out before it.
+      int last = chunk.writerIndex() - 1;
+      chunk.setByte(last, chunk.getByte(last) ^ 1);
+      List<String> none = new ArrayList<>();
+      assertEquals(ErrorCode.CHECKSUM_MISMATCH, assertThrows(ProtocolException.class,
+          () -> Batch.forEachVerified(chunk, (h, p) -> none.add("x"))).code());
+      assertEquals(List.of(), none);
+      assertEquals(ErrorCode.MALFORMED_FRAME, assertThrows(ProtocolException.class,
+          () -> Batch.forEachVerified(chunk.slice(0, chunk.readableBytes() - 1),
+              (h, p) -> none.add("x"))).code());
+      assertEquals(List.of(), none);
+      reads.release();
+    }
+  }
 }

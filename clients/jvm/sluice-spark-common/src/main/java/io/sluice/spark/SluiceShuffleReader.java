@@ -251,6 +251,11 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
     private final SerializerManager serializerManager = SparkEnv.get().serializerManager();
     private int partition = startPartition - 1;
     private ShuffleReaderClient client;
+    /** The reader of the next partition with data, opened ahead of it, and that partition. */
+    private ShuffleReaderClient next;
+    private int nextPartition;
+    /** The partition whose next one was looked for (once per partition). */
+    private int searchedAfter = -1;
     /** Puts the parts of a record too large for one batch back together. */
     private final BatchPayload.Reassembler parts = new BatchPayload.Reassembler();
     /** The stream {@link #batch} decodes; released once the next batch is taken. */
@@ -313,6 +318,11 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
           long start = System.nanoTime();
           boolean more = client.hasNext();
           ByteBuf payload = more ? client.next() : null;
+          if (more && searchedAfter != partition && conf.client().prefetchNextPartition()
+              && client.allRequested()) {
+            searchedAfter = partition;
+            openNext();
+          }
           metrics.incFetchWaitTime(TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - start));
           if (more) {
             metrics.incRemoteBlocksFetched(1);
@@ -328,16 +338,48 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
           client = null;
           parts.finish(partition);
         }
+        if (next != null) {
+          // Opened ahead: the partitions before it have no data.
+          partition = nextPartition;
+          client = next;
+          next = null;
+          continue;
+        }
         if (++partition >= endPartition) {
           return false;
         }
-        List<OpenStream.MapAttempt> named = outputs.attemptsIn(partition - startPartition);
-        if (named.isEmpty()) {
-          continue; // no map wrote to this partition, say Spark's map statuses
+        client = readerOf(partition);
+      }
+    }
+
+    /**
+     * The reader of partition {@code p}, or null when no map wrote to it (say Spark's map
+     * statuses).
+     */
+    private ShuffleReaderClient readerOf(int p) {
+      List<OpenStream.MapAttempt> named = outputs.attemptsIn(p - startPartition);
+      if (named.isEmpty()) {
+        return null;
+      }
+      return new ShuffleReaderClient(factory, conf.client(), handle.appId(),
+          generation.wireShuffleId(), generation.assignment(), splits, p, startMapIndex,
+          endMapIndex, named);
+    }
+
+    /**
+     * The current partition has every chunk requested: opens the next partition with data and
+     * requests its first chunk, which then arrives while this one's last chunks are read
+     * (instead of after them, an open and a chunk's transfer later).
+     */
+    private void openNext() {
+      for (int p = partition + 1; p < endPartition; p++) {
+        ShuffleReaderClient r = readerOf(p);
+        if (r != null) {
+          next = r;
+          nextPartition = p;
+          r.prefetch();
+          return;
         }
-        client = new ShuffleReaderClient(factory, conf.client(), handle.appId(),
-            generation.wireShuffleId(), generation.assignment(), splits, partition, startMapIndex,
-            endMapIndex, named);
       }
     }
 
@@ -362,13 +404,20 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
     void close() {
       releaseStream();
       parts.close();
-      if (client != null) {
-        try {
-          client.close();
-        } catch (RuntimeException e) {
-          LOG.debug("closing a Sluice stream: {}", e.toString());
-        }
-        client = null;
+      closeQuietly(client);
+      client = null;
+      closeQuietly(next);
+      next = null;
+    }
+
+    private void closeQuietly(ShuffleReaderClient r) {
+      if (r == null) {
+        return;
+      }
+      try {
+        r.close();
+      } catch (RuntimeException e) {
+        LOG.debug("closing a Sluice stream: {}", e.toString());
       }
     }
   }
