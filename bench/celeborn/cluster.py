@@ -18,6 +18,22 @@ JAVA_OPTS = [f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in (
     "sun.nio.ch", "sun.nio.cs", "sun.security.action", "sun.util.calendar")] + [
     "-Dio.netty.tryReflectionSetAccessible=true"]
 
+# The distribution's conf/ holds only templates, and log4j2 without a configuration logs errors
+# alone: the master's INFO line for each registered worker is what _wait_workers looks for.
+LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
+<Configuration status="WARN">
+  <Appenders>
+    <Console name="stdout" target="SYSTEM_OUT">
+      <PatternLayout pattern="%d{HH:mm:ss,SSS} %p [%t] %c{1}: %m%n%ex"/>
+    </Console>
+  </Appenders>
+  <Loggers>
+    <Root level="INFO"><AppenderRef ref="stdout"/></Root>
+    <Logger name="org.apache.ratis" level="WARN"/>
+  </Loggers>
+</Configuration>
+"""
+
 
 def free_port():
     with socket.socket() as s:
@@ -45,6 +61,7 @@ class CelebornCluster:
         self.work = Path(work)
         self.work.mkdir(parents=True, exist_ok=True)
         self.procs = []
+        (self.work / "log4j2.xml").write_text(LOG4J2)
         port = free_port()
         self.master = f"127.0.0.1:{port}"
         common = {"celeborn.master.endpoints": self.master,
@@ -70,7 +87,7 @@ class CelebornCluster:
         conf.write_text("".join(f"{k} {v}\n" for k, v in props.items()))
         jars = "master-jars" if name == "master" else "worker-jars"
         cmd = ["java", f"-Xmx{heap}", *([f"-XX:MaxDirectMemorySize={direct}"] if direct else []),
-               *JAVA_OPTS, "-cp", f"{self.home / 'conf'}:{self.home / jars}/*", cls,
+               *JAVA_OPTS, f"-Dlog4j2.configurationFile={self.work / 'log4j2.xml'}", "-cp", f"{self.home / 'conf'}:{self.home / jars}/*", cls,
                "--properties-file", str(conf), *args]
         log = open(self.work / f"{name}.log", "w")
         p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
