@@ -64,30 +64,35 @@ class CelebornCluster:
         (self.work / "log4j2.xml").write_text(LOG4J2)
         port = free_port()
         self.master = f"127.0.0.1:{port}"
-        common = {"celeborn.master.endpoints": self.master,
-                  "celeborn.metrics.enabled": "false"}
-        self._start("master", "org.apache.celeborn.service.deploy.master.Master",
-                    {**common, "celeborn.master.http.port": free_port()},
-                    ["--host", "127.0.0.1", "--port", str(port)], "1g", None)
-        self.workers = []
-        for i in range(workers):
-            d = self.work / f"worker{i}-data"
-            d.mkdir(exist_ok=True)
-            props = {**common, "celeborn.worker.storage.dirs": str(d),
-                     "celeborn.worker.http.port": free_port(),
-                     "celeborn.worker.flusher.buffer.size": "256k"}
-            self.workers.append(self._start(
-                f"worker{i}", "org.apache.celeborn.service.deploy.worker.Worker", props,
-                ["--host", "127.0.0.1", f"celeborn://{self.master}"], worker_heap,
-                worker_offheap))
-        self._wait_workers(workers)
+        try:
+            common = {"celeborn.master.endpoints": self.master,
+                      "celeborn.metrics.enabled": "false"}
+            self._start("master", "org.apache.celeborn.service.deploy.master.Master",
+                        {**common, "celeborn.master.http.port": free_port()},
+                        ["--host", "127.0.0.1", "--port", str(port)], "1g", None)
+            self.workers = []
+            for i in range(workers):
+                d = self.work / f"worker{i}-data"
+                d.mkdir(exist_ok=True)
+                props = {**common, "celeborn.worker.storage.dirs": str(d),
+                         "celeborn.worker.http.port": free_port(),
+                         "celeborn.worker.flusher.buffer.size": "256k"}
+                self.workers.append(self._start(
+                    f"worker{i}", "org.apache.celeborn.service.deploy.worker.Worker", props,
+                    ["--host", "127.0.0.1", f"celeborn://{self.master}"], worker_heap,
+                    worker_offheap))
+            self._wait_workers(workers)
+        except BaseException:
+            self.stop()  # what did start, so nothing is left behind
+            raise
 
     def _start(self, name, cls, props, args, heap, direct):
         conf = self.work / f"{name}.conf"
         conf.write_text("".join(f"{k} {v}\n" for k, v in props.items()))
         jars = "master-jars" if name == "master" else "worker-jars"
         cmd = ["java", f"-Xmx{heap}", *([f"-XX:MaxDirectMemorySize={direct}"] if direct else []),
-               *JAVA_OPTS, f"-Dlog4j2.configurationFile={self.work / 'log4j2.xml'}", "-cp", f"{self.home / 'conf'}:{self.home / jars}/*", cls,
+               *JAVA_OPTS, f"-Dlog4j2.configurationFile={self.work / 'log4j2.xml'}",
+               "-cp", f"{self.home / 'conf'}:{self.home / jars}/*", cls,
                "--properties-file", str(conf), *args]
         log = open(self.work / f"{name}.log", "w")
         p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -115,7 +120,11 @@ class CelebornCluster:
         """What a Spark application sets to shuffle through this cluster."""
         return {"spark.shuffle.manager": "org.apache.spark.shuffle.celeborn.SparkShuffleManager",
                 "spark.celeborn.master.endpoints": self.master,
+                # One copy of each partition, as Sluice's default (spark.sluice.replication 1).
+                "spark.celeborn.client.push.replicate.enabled": "false",
                 "spark.shuffle.service.enabled": "false",
+                # Celeborn's client warns against it (no dynamic allocation here anyway).
+                "spark.dynamicAllocation.shuffleTracking.enabled": "false",
                 "spark.sql.adaptive.localShuffleReader.enabled": "false",
                 "spark.driver.extraClassPath": str(self.client_jar),
                 "spark.executor.extraClassPath": str(self.client_jar)}

@@ -75,7 +75,7 @@ done
 JAR="$WORK/$ARTIFACT-$VERSION.jar"
 if [[ ! -f "$JAR" ]]; then
   echo "fetching org.apache.celeborn:$ARTIFACT:$VERSION from Maven Central"
-  mvn -q -B dependency:copy "-Dartifact=org.apache.celeborn:$ARTIFACT:$VERSION" \
+  "$MVN_PLAIN" -q -B dependency:copy "-Dartifact=org.apache.celeborn:$ARTIFACT:$VERSION" \
     "-DoutputDirectory=$WORK" >/dev/null \
     || { echo "celeborn setup: cannot fetch $ARTIFACT $VERSION from Maven Central" >&2; exit 2; }
 fi
