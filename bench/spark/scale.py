@@ -164,15 +164,21 @@ def run_point(args, point, spark, work, modes):
                                                         ROOT / "target/release/sluice")),
                                     pdir, servers=2)
     celeborn = None
-    if "celeborn" in modes:
-        from cluster import CelebornCluster
-
-        celeborn = CelebornCluster(pdir / "celeborn", workers=2)
-    servers = {"sluice": [p.proc.pid for p in sluice.servers],
-               "celeborn": celeborn.worker_pids() if celeborn else [], "builtin": []}
-    extra = {"sluice": {}, "builtin": {}, "celeborn": celeborn.spark_conf() if celeborn else {}}
+    samplers = {}
     runs = []
     try:
+        if "celeborn" in modes:
+            from cluster import CelebornCluster
+
+            celeborn = CelebornCluster(pdir / "celeborn", workers=2)
+        servers = {"sluice": [p.proc.pid for p in sluice.servers],
+                   "celeborn": celeborn.worker_pids() if celeborn else [], "builtin": []}
+        extra = {"sluice": {}, "builtin": {},
+                 "celeborn": celeborn.spark_conf() if celeborn else {}}
+        # The servers' CPU over the measured job alone (its first stage's submission to its last
+        # stage's completion): not the application's start, the idle JVM workers' own upkeep
+        # or the untimed check.
+        samplers = {m: bench.CpuSampler(pids) for m, pids in servers.items() if pids}
         for i in range(args.runs):
             for mode in modes:
                 load = bench.wait_for_quiet(args.max_load, args.load_wait)
@@ -190,15 +196,21 @@ def run_point(args, point, spark, work, modes):
                     raise RuntimeError(f"{point} run {i + 1} ({mode}) failed: see {log}")
                 r = json.loads(proc.stdout.strip().splitlines()[-1])
                 r.update(point=list(point), load1_before=load,
-                         server_cpu_s=bench.cpu_seconds(servers[mode]) - cpu0)
+                         server_cpu_app_s=bench.cpu_seconds(servers[mode]) - cpu0)
+                time.sleep(0.3)  # a sample after the job's end
+                r["server_cpu_s"] = (samplers[mode].between(
+                    r["stages"][0]["submitted_ms"] / 1000, r["stages"][-1]["completed_ms"] / 1000)
+                    if mode in samplers else 0.0)
                 runs.append(r)
                 print(f"{gib:g} GiB {parts} partitions {maps} maps  run {i + 1} {mode:<8} "
-                      f"load {load:.2f}  {r['wall']:.1f} s  servers' CPU {r['server_cpu_s']:.1f} s",
-                      flush=True)
+                      f"load {load:.2f}  {r['wall']:.1f} s  servers' CPU {r['server_cpu_s']:.1f} s "
+                      f"in the job, {r['server_cpu_app_s']:.1f} s in the application", flush=True)
         rss = {m: peak_rss_mib(p) for m, p in servers.items()}
         if args.verify:
             verify(point, runs, int(gib * (1 << 30) / ROW_BYTES))
     finally:
+        for smp in samplers.values():
+            smp.stop()
         if celeborn:
             celeborn.stop()
         sluice.stop()
@@ -238,7 +250,8 @@ def report(summaries, modes):
                   f"{m['job_s'] / base:>16.2f}")
             label = ""
     print("fetch wait: the reduce stage's, summed over its tasks; exec CPU: all stages' tasks; "
-          "srv: the shuffle servers (none for built-in); medians of --runs applications")
+          "srv: the shuffle servers (none for built-in), CPU from the job's first stage's "
+          "submission to its last's completion; medians of --runs applications")
 
 
 def orchestrate(args):
