@@ -106,7 +106,8 @@ class CelebornCluster:
         while time.monotonic() < deadline:
             for p in self.procs:
                 if p.poll() is not None:
-                    raise RuntimeError(f"a Celeborn process exited ({p.args[-3:]}): see {self.work}")
+                    raise RuntimeError(f"a Celeborn process exited ({p.args[-3:]}): "
+                                       f"see {self.work}")
             text = log.read_text(errors="replace") if log.exists() else ""
             if len(re.findall(r"Registered worker", text)) >= n:
                 return

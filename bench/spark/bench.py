@@ -255,8 +255,9 @@ def report(runs, modes=("builtin", "sluice"), out=sys.stdout):
                            for rs in by_mode.values())
             wt = "/".join(f"{median([r['stages'][q][i]['write_time_s'] for r in rs]):.1f}"
                           for rs in by_mode.values())
-            srv = "/".join(f"{median([r['stages'][q][i].get('server_cpu_s', float('nan')) for r in by_mode[m]]):.1f}"  # noqa: E501
-                           for m in others)
+            srv = "/".join(
+                f"{median([r['stages'][q][i].get('server_cpu_s', float('nan')) for r in by_mode[m]]):.1f}"
+                for m in others)
             p(f"{label:<40}" + "".join(f"{med[m]:>11.2f}" for m in modes)
               + "".join(f"{med[m] / med['builtin']:>11.2f}" for m in others)
               + f"{mb:>16}{cpu:>16}{wt:>16}{srv:>12}")
@@ -375,7 +376,8 @@ def main():
     ap.add_argument("--load-wait", type=float, default=300, help="longest wait for it, s")
     ap.add_argument("--run-timeout", type=float, default=900, help="one application, s")
     ap.add_argument("--json", help="write every run's figures here")
-    ap.add_argument("--celeborn", action="store_true", help="also Celeborn (bench/celeborn/setup.sh)")
+    ap.add_argument("--celeborn", action="store_true",
+                    help="also Celeborn (bench/celeborn/setup.sh)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     ap.add_argument("--master", help=argparse.SUPPRESS)

@@ -136,8 +136,8 @@ def verify(point, runs, expected_rows):
             diff = ([x for x in c if x not in base][:3], [x for x in base if x not in c][:3])
             raise RuntimeError(f"{point}: {mode}'s result differs from the built-in shuffle's "
                                f"({len(c)} against {len(base)} non-empty partitions, "
-                               f"{sum(x[1] for x in c)} against {expected_rows} rows; [partition, rows, "
-                               f"sum, xor] only in {mode}'s, only in built-in's: {diff})")
+                               f"{sum(x[1] for x in c)} against {expected_rows} rows; [partition, "
+                               f"rows, sum, xor] only in {mode}'s, only in built-in's: {diff})")
     print(f"{point}: every mode's result equals the built-in shuffle's ({expected_rows} rows, "
           f"{len(base)} partitions; checked: {', '.join(sorted(got))})", flush=True)
 
