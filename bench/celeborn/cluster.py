@@ -18,6 +18,22 @@ JAVA_OPTS = [f"--add-opens=java.base/{p}=ALL-UNNAMED" for p in (
     "sun.nio.ch", "sun.nio.cs", "sun.security.action", "sun.util.calendar")] + [
     "-Dio.netty.tryReflectionSetAccessible=true"]
 
+# The distribution's conf/ holds only templates, and log4j2 without a configuration logs errors
+# alone: the master's INFO line for each registered worker is what _wait_workers looks for.
+LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
+<Configuration status="WARN">
+  <Appenders>
+    <Console name="stdout" target="SYSTEM_OUT">
+      <PatternLayout pattern="%d{HH:mm:ss,SSS} %p [%t] %c{1}: %m%n%ex"/>
+    </Console>
+  </Appenders>
+  <Loggers>
+    <Root level="INFO"><AppenderRef ref="stdout"/></Root>
+    <Logger name="org.apache.ratis" level="WARN"/>
+  </Loggers>
+</Configuration>
+"""
+
 
 def free_port():
     with socket.socket() as s:
@@ -45,32 +61,38 @@ class CelebornCluster:
         self.work = Path(work)
         self.work.mkdir(parents=True, exist_ok=True)
         self.procs = []
+        (self.work / "log4j2.xml").write_text(LOG4J2)
         port = free_port()
         self.master = f"127.0.0.1:{port}"
-        common = {"celeborn.master.endpoints": self.master,
-                  "celeborn.metrics.enabled": "false"}
-        self._start("master", "org.apache.celeborn.service.deploy.master.Master",
-                    {**common, "celeborn.master.http.port": free_port()},
-                    ["--host", "127.0.0.1", "--port", str(port)], "1g", None)
-        self.workers = []
-        for i in range(workers):
-            d = self.work / f"worker{i}-data"
-            d.mkdir(exist_ok=True)
-            props = {**common, "celeborn.worker.storage.dirs": str(d),
-                     "celeborn.worker.http.port": free_port(),
-                     "celeborn.worker.flusher.buffer.size": "256k"}
-            self.workers.append(self._start(
-                f"worker{i}", "org.apache.celeborn.service.deploy.worker.Worker", props,
-                ["--host", "127.0.0.1", f"celeborn://{self.master}"], worker_heap,
-                worker_offheap))
-        self._wait_workers(workers)
+        try:
+            common = {"celeborn.master.endpoints": self.master,
+                      "celeborn.metrics.enabled": "false"}
+            self._start("master", "org.apache.celeborn.service.deploy.master.Master",
+                        {**common, "celeborn.master.http.port": free_port()},
+                        ["--host", "127.0.0.1", "--port", str(port)], "1g", None)
+            self.workers = []
+            for i in range(workers):
+                d = self.work / f"worker{i}-data"
+                d.mkdir(exist_ok=True)
+                props = {**common, "celeborn.worker.storage.dirs": str(d),
+                         "celeborn.worker.http.port": free_port(),
+                         "celeborn.worker.flusher.buffer.size": "256k"}
+                self.workers.append(self._start(
+                    f"worker{i}", "org.apache.celeborn.service.deploy.worker.Worker", props,
+                    ["--host", "127.0.0.1", f"celeborn://{self.master}"], worker_heap,
+                    worker_offheap))
+            self._wait_workers(workers)
+        except BaseException:
+            self.stop()  # what did start, so nothing is left behind
+            raise
 
     def _start(self, name, cls, props, args, heap, direct):
         conf = self.work / f"{name}.conf"
         conf.write_text("".join(f"{k} {v}\n" for k, v in props.items()))
         jars = "master-jars" if name == "master" else "worker-jars"
         cmd = ["java", f"-Xmx{heap}", *([f"-XX:MaxDirectMemorySize={direct}"] if direct else []),
-               *JAVA_OPTS, "-cp", f"{self.home / 'conf'}:{self.home / jars}/*", cls,
+               *JAVA_OPTS, f"-Dlog4j2.configurationFile={self.work / 'log4j2.xml'}",
+               "-cp", f"{self.home / 'conf'}:{self.home / jars}/*", cls,
                "--properties-file", str(conf), *args]
         log = open(self.work / f"{name}.log", "w")
         p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -84,7 +106,8 @@ class CelebornCluster:
         while time.monotonic() < deadline:
             for p in self.procs:
                 if p.poll() is not None:
-                    raise RuntimeError(f"a Celeborn process exited ({p.args[-3:]}): see {self.work}")
+                    raise RuntimeError(f"a Celeborn process exited ({p.args[-3:]}): "
+                                       f"see {self.work}")
             text = log.read_text(errors="replace") if log.exists() else ""
             if len(re.findall(r"Registered worker", text)) >= n:
                 return
@@ -98,7 +121,11 @@ class CelebornCluster:
         """What a Spark application sets to shuffle through this cluster."""
         return {"spark.shuffle.manager": "org.apache.spark.shuffle.celeborn.SparkShuffleManager",
                 "spark.celeborn.master.endpoints": self.master,
+                # One copy of each partition, as Sluice's default (spark.sluice.replication 1).
+                "spark.celeborn.client.push.replicate.enabled": "false",
                 "spark.shuffle.service.enabled": "false",
+                # Celeborn's client warns against it (no dynamic allocation here anyway).
+                "spark.dynamicAllocation.shuffleTracking.enabled": "false",
                 "spark.sql.adaptive.localShuffleReader.enabled": "false",
                 "spark.driver.extraClassPath": str(self.client_jar),
                 "spark.executor.extraClassPath": str(self.client_jar)}

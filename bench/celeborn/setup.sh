@@ -12,9 +12,7 @@
 #                    2.12; the server speaks the same protocol to every client)
 #   CELEBORN_MVN_ARGS extra Maven arguments of the server build (default
 #                    -Dmaven.plugin.silencer.version=1.7.17: the mirror lacks the silencer
-#                    compiler plugin version the tags name for Scala 2.12.18. -Dstyle.color=never
-#                    is always added: make-distribution.sh reads the version from Maven's output,
-#                    which Maven 3.8 colours)
+#                    compiler plugin version the tags name for Scala 2.12.18)
 #   CELEBORN_CLIENT  the client artifact on Maven Central (default
 #                    celeborn-client-spark-3-shaded_2.12; a Spark 4 one is
 #                    celeborn-client-spark-4-shaded_2.13, from 0.6.0)
@@ -47,21 +45,37 @@ if [[ ! -d "$SRC/.git" ]]; then
     || { echo "celeborn setup: cannot clone tag $TAG from $GIT" >&2; exit 2; }
 fi
 
+# make-distribution.sh names the jars it copies after the last line of `mvn help:evaluate`;
+# Debian's Maven 3.8 ends its output with a colour reset (ESC[0m) on a line of its own whatever
+# -B or -Dstyle.color say, so the build goes through a wrapper that strips colour codes and
+# empty lines from Maven's output (the exit status kept).
+MVN_PLAIN="$WORK/mvn-plain"
+cat > "$MVN_PLAIN" <<'WRAPPER'
+#!/usr/bin/env bash
+set -o pipefail
+mvn "$@" | sed -u -e 's/\x1b\[[0-9;]*m//g' -e '/^[[:space:]]*$/d'
+WRAPPER
+chmod +x "$MVN_PLAIN"
+
 DIST="$SRC/dist"
-if [[ ! -x "$DIST/sbin/start-master.sh" ]]; then
+if [[ ! -x "$DIST/sbin/start-master.sh" || -z "$(ls "$DIST"/master-jars/celeborn-master_*-"$VERSION".jar 2>/dev/null)" ]]; then
   echo "building Celeborn $VERSION's server (profile: ${PROFILE:-default}), log: $WORK/build.log"
-  (cd "$SRC" && ./build/make-distribution.sh --mvn mvn ${PROFILE:+"-P$PROFILE"} -Dstyle.color=never $MVN_ARGS) \
+  rm -rf "$DIST"
+  (cd "$SRC" && ./build/make-distribution.sh --mvn "$MVN_PLAIN" ${PROFILE:+"-P$PROFILE"} -B $MVN_ARGS) \
     > "$WORK/build.log" 2>&1 \
     || { echo "celeborn setup: the build failed; the end of $WORK/build.log:" >&2
          tail -30 "$WORK/build.log" >&2; exit 1; }
 fi
-[[ -x "$DIST/sbin/start-master.sh" ]] \
-  || { echo "celeborn setup: no $DIST/sbin/start-master.sh after the build" >&2; exit 1; }
+for f in sbin/start-master.sh "master-jars/celeborn-master_*-$VERSION.jar" \
+         "worker-jars/celeborn-worker_*-$VERSION.jar"; do
+  compgen -G "$DIST/$f" >/dev/null \
+    || { echo "celeborn setup: no $DIST/$f after the build (see $WORK/build.log)" >&2; exit 1; }
+done
 
 JAR="$WORK/$ARTIFACT-$VERSION.jar"
 if [[ ! -f "$JAR" ]]; then
   echo "fetching org.apache.celeborn:$ARTIFACT:$VERSION from Maven Central"
-  mvn -q -B dependency:copy "-Dartifact=org.apache.celeborn:$ARTIFACT:$VERSION" \
+  "$MVN_PLAIN" -q -B dependency:copy "-Dartifact=org.apache.celeborn:$ARTIFACT:$VERSION" \
     "-DoutputDirectory=$WORK" >/dev/null \
     || { echo "celeborn setup: cannot fetch $ARTIFACT $VERSION from Maven Central" >&2; exit 2; }
 fi

@@ -11,10 +11,15 @@ Queries (AQE off, so both modes run the same plan; results go to the `noop` sink
   repart     10 M rows (id, rand, 64-char string) .repartition(16).sortWithinPartitions(rand)
   order_by   the same 10 M rows .orderBy(rand)
 
+With --celeborn, Apache Celeborn too (a master and 2 workers, bench/celeborn/cluster.py; its Spark
+client is for Spark 3, so SLUICE_SPARK_VENV=spark35): applications alternate built-in, Sluice,
+Celeborn, and the report has a column and a ratio to built-in for each.
+
 Before each measured run it waits (bounded) for the 1-minute load average to drop below
 --max-load, so other work on the machine skews less, and records the load it started at.
 
 Usage: bench/spark/run.sh [--runs 3] [--max-load 1.0] [--load-wait 300] [--json out.json]
+           [--celeborn]
 """
 
 import argparse
@@ -29,6 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "spark"))
+sys.path.insert(0, str(ROOT / "bench" / "celeborn"))
 
 ALL_QUERIES = ("group_by", "repart", "order_by")
 # SLUICE_BENCH_QUERIES=order_by (comma-separated) runs a subset, for quicker experiments.
@@ -138,6 +144,7 @@ def child(args):
 
     events = Path(tempfile.mkdtemp(prefix=f"sluice-bench-{args.mode}-"))
     conf = app_conf(args.mode, args.master, args.coordinator, events)
+    conf.update(json.loads(args.extra_conf or "{}"))
     spark = conftest.start_app(f"sluice-bench-{args.mode}", conf, events)
     try:
         walls = run_queries(spark)
@@ -221,13 +228,18 @@ def median(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
-def report(runs, out=sys.stdout):
-    """Per-stage medians, per-query wall medians, ratios."""
-    by_mode = {m: [r for r in runs if r["mode"] == m] for m in ("builtin", "sluice")}
+LABELS = {"builtin": "built-in", "sluice": "sluice", "celeborn": "celeborn"}
+
+
+def report(runs, modes=("builtin", "sluice"), out=sys.stdout):
+    """Per-stage medians, per-query wall medians, ratios to built-in (modes[0])."""
+    by_mode = {m: [r for r in runs if r["mode"] == m] for m in modes}
+    others = modes[1:]
     p = lambda *a: print(*a, file=out)  # noqa: E731
-    p(f"{'stage':<40}{'built-in s':>11}{'sluice s':>10}{'ratio':>7}{'shuffle MB w/r':>16}"
-      f"{'exec CPU s':>12}{'write s':>10}{'srv CPU s':>11}")
-    total = {"builtin": 0.0, "sluice": 0.0}
+    p(f"{'stage':<40}" + "".join(f"{LABELS[m] + ' s':>11}" for m in modes)
+      + "".join(f"{m[:5] + '/b-in':>11}" for m in others)
+      + f"{'shuffle MB w/r':>16}{'exec CPU s':>16}{'write s':>16}{'srv CPU s':>12}")
+    total = dict.fromkeys(modes, 0.0)
     for q in QUERIES:
         n = min(len(r["stages"][q]) for r in runs)
         for i in range(n):
@@ -243,20 +255,23 @@ def report(runs, out=sys.stdout):
                            for rs in by_mode.values())
             wt = "/".join(f"{median([r['stages'][q][i]['write_time_s'] for r in rs]):.1f}"
                           for rs in by_mode.values())
-            srv = median([r["stages"][q][i].get("server_cpu_s", float("nan"))
-                          for r in by_mode["sluice"]])
-            p(f"{label:<40}{med['builtin']:>11.2f}{med['sluice']:>10.2f}"
-              f"{med['sluice'] / med['builtin']:>7.2f}{mb:>16}{cpu:>12}{wt:>10}{srv:>11.1f}")
+            srv = "/".join(
+                f"{median([r['stages'][q][i].get('server_cpu_s', float('nan')) for r in by_mode[m]]):.1f}"
+                for m in others)
+            p(f"{label:<40}" + "".join(f"{med[m]:>11.2f}" for m in modes)
+              + "".join(f"{med[m] / med['builtin']:>11.2f}" for m in others)
+              + f"{mb:>16}{cpu:>16}{wt:>16}{srv:>12}")
     p("")
     for q in QUERIES:
-        b = median([r["walls"][q] for r in by_mode["builtin"]])
-        s = median([r["walls"][q] for r in by_mode["sluice"]])
-        p(f"{q + ' (wall)':<40}{b:>11.2f}{s:>10.2f}{s / b:>7.2f}")
-    p("exec CPU s, write s: executor CPU time and Spark's shuffle write time summed over the "
-      "stage's tasks, built-in/sluice; srv CPU s: the Sluice servers' CPU during the stage "
-      "(Sluice runs)")
-    p(f"{'sum of stage medians':<40}{total['builtin']:>11.2f}{total['sluice']:>10.2f}"
-      f"{total['sluice'] / total['builtin']:>7.2f}")
+        w = {m: median([r["walls"][q] for r in by_mode[m]]) for m in modes}
+        p(f"{q + ' (wall)':<40}" + "".join(f"{w[m]:>11.2f}" for m in modes)
+          + "".join(f"{w[m] / w['builtin']:>11.2f}" for m in others))
+    names = "/".join(LABELS[m] for m in modes)
+    p(f"exec CPU s, write s: executor CPU time and Spark's shuffle write time summed over the "
+      f"stage's tasks, {names}; srv CPU s: the shuffle servers' CPU during the stage, "
+      f"{'/'.join(LABELS[m] for m in others)} (their own runs)")
+    p(f"{'sum of stage medians':<40}" + "".join(f"{total[m]:>11.2f}" for m in modes)
+      + "".join(f"{total[m] / total['builtin']:>11.2f}" for m in others))
 
 
 def pool_line(c):
@@ -279,21 +294,35 @@ def orchestrate(args):
     for d in ("sluice", "spark"):
         (work / d).mkdir()
     print(f"logs under {work}", flush=True)
+    modes = ["builtin", "sluice"] + (["celeborn"] if args.celeborn else [])
+    if args.celeborn:
+        from cluster import require
+
+        require()  # fails now, naming what is missing
     sluice = conftest.SluiceCluster(binary, work / "sluice", servers=2)
     sampler = CpuSampler([p.proc.pid for p in sluice.servers])
-    spark = None
+    samplers = {"sluice": sampler}
+    celeborn = spark = None
+    extra = dict.fromkeys(modes, {})
     runs = []
     try:
+        if args.celeborn:
+            from cluster import CelebornCluster
+
+            celeborn = CelebornCluster(work / "celeborn", workers=2)
+            samplers["celeborn"] = CpuSampler(celeborn.worker_pids())
+            extra["celeborn"] = celeborn.spark_conf()
         spark = conftest.SparkStandalone(work / "spark", worker_memory="3g")
-        order = ["builtin", "sluice"] * args.runs
+        order = modes * args.runs
         for i, mode in enumerate(order):
             load = wait_for_quiet(args.max_load, args.load_wait)
             started = time.monotonic()
             server_pids = [p.proc.pid for p in sluice.servers]
             server_cpu = cpu_seconds(server_pids)
+            own_cpu = cpu_seconds(samplers[mode].pids) if mode in samplers else 0.0
             counters = sluice.counters()
             cmd = [sys.executable, __file__, "--child", "--mode", mode, "--master", spark.url,
-                   "--coordinator", sluice.coordinator]
+                   "--coordinator", sluice.coordinator, "--extra-conf", json.dumps(extra[mode])]
             log = work / f"run{i + 1}-{mode}.log"
             with open(log, "w") as err:
                 proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
@@ -305,6 +334,8 @@ def orchestrate(args):
             r["load1_before"] = load
             r["load1_after"] = load1()
             r["sluice_server_cpu_s"] = cpu_seconds(server_pids) - server_cpu
+            if mode in samplers:
+                r["server_cpu_s"] = cpu_seconds(samplers[mode].pids) - own_cpu
             # The servers' counters over this run (both servers summed).
             after = sluice.counters()
             r["sluice_counters"] = {k: v - counters.get(k, 0.0) for k, v in after.items()
@@ -312,22 +343,28 @@ def orchestrate(args):
             time.sleep(2 * sampler.interval)  # a sample after the last stage's end
             for stages in r["stages"].values():
                 for st in stages:
-                    st["server_cpu_s"] = sampler.between(st["submitted_ms"] / 1000,
-                                                         st["completed_ms"] / 1000)
+                    if mode in samplers:
+                        st["server_cpu_s"] = samplers[mode].between(st["submitted_ms"] / 1000,
+                                                                    st["completed_ms"] / 1000)
             runs.append(r)
             walls = " ".join(f"{q}={r['walls'][q]:.1f}s" for q in QUERIES)
             print(f"run {i + 1}/{len(order)} {mode:<8} load {load:.2f} -> "
                   f"{r['load1_after']:.2f}  {walls}  sluice servers' CPU "
-                  f"{r['sluice_server_cpu_s']:.1f} s{pool_line(r['sluice_counters'])}  "
+                  f"{r['sluice_server_cpu_s']:.1f} s{pool_line(r['sluice_counters'])}"
+                  + (f", celeborn workers' CPU {r['server_cpu_s']:.1f} s" if mode == "celeborn"
+                     else "") + "  "
                   f"({time.monotonic() - started:.0f} s)",
                   flush=True)
     finally:
-        sampler.stop()
+        for smp in samplers.values():
+            smp.stop()
         if spark:
             spark.stop()
+        if celeborn:
+            celeborn.stop()
         sluice.stop()
     print()
-    report(runs)
+    report(runs, modes)
     if args.json:
         Path(args.json).write_text(json.dumps(runs, indent=1))
 
@@ -339,10 +376,13 @@ def main():
     ap.add_argument("--load-wait", type=float, default=300, help="longest wait for it, s")
     ap.add_argument("--run-timeout", type=float, default=900, help="one application, s")
     ap.add_argument("--json", help="write every run's figures here")
+    ap.add_argument("--celeborn", action="store_true",
+                    help="also Celeborn (bench/celeborn/setup.sh)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)
     ap.add_argument("--master", help=argparse.SUPPRESS)
     ap.add_argument("--coordinator", help=argparse.SUPPRESS)
+    ap.add_argument("--extra-conf", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args)

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Spark shuffle benchmark, built-in vs Sluice, on Spark 4.3 (see bench/spark/bench.py).
 # Usage: bench/spark/run.sh [--runs 3] [--max-load 1.0] [--load-wait 300] [--json out.json]
+#                           [--celeborn]
+#   --celeborn adds Apache Celeborn (bench/celeborn/setup.sh; needs CELEBORN_HOME,
+#   CELEBORN_CLIENT_JAR and SLUICE_SPARK_VENV=spark35: its client is for Spark 3).
 #   SLUICE_SPARK_VENV=spark35 runs on Spark 3.5 instead of 4.3.
 #   SLUICE_SPARK_SKIP_BUILD=1 reuses the existing sluice binary and plugin jars.
 #   SLUICE_BENCH_QUERIES=order_by,repart runs only those queries.

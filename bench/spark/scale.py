@@ -10,10 +10,15 @@ about 100 bytes in Spark's shuffle format before compression); the shuffled byte
 the event log's (after Spark's lz4 compression). AQE off, so every mode runs the same plan.
 Spark: a standalone master and two 1-core workers (3 GiB each) on 127.0.0.1 / 127.0.0.2, as
 bench/spark/bench.py. Sluice: a coordinator and 2 servers, defaults. Celeborn: a master and 2
-workers, each with 256 MiB of direct memory, Sluice's default memory budget (bench/celeborn/).
+workers, each with 1 GiB of direct memory, a Sluice server's default memory budget, and
+512 MiB of heap (bench/celeborn/cluster.py).
+
+Each mode's first application at a point then runs the shuffle once more, untimed, counting and
+hashing the rows of each reduce partition; the run fails unless every mode's figures equal the
+built-in shuffle's and count every row (--no-verify skips it).
 
 Usage: bench/spark/scale.sh [--points 1:200:200,1:2000:200,...] [--runs 3] [--celeborn]
-           [--max-load 1.5] [--load-wait 120] [--json out.json]
+           [--max-load 1.5] [--load-wait 120] [--json out.json] [--no-verify]
 The default points are the issue's series (1, 4, 8 GiB; 200, 2,000, 10,000 partitions; up to
 2,000 maps); on a 2-core machine the 8 GiB points take tens of minutes per application.
 """
@@ -93,9 +98,48 @@ def child(args):
         df.repartition(args.partitions, "id").write.format("noop").mode("overwrite").save()
         wall = time.monotonic() - start
         stages = stage_rows(events)
+        check = checksums(spark, df, args.partitions) if args.checksums else None
     finally:
         spark.stop()
-    json.dump({"mode": args.mode, "wall": wall, "stages": stages}, sys.stdout)
+    json.dump({"mode": args.mode, "wall": wall, "stages": stages, "checksums": check}, sys.stdout)
+
+
+def checksums(spark, df, partitions):
+    """The timed job's shuffle again, untimed, in a job group of its own: per reduce partition
+    its rows, and the sum and XOR of a 64-bit hash of every row (order-free, so any lost,
+    doubled, changed or misplaced row shows), for comparing every mode with the built-in
+    shuffle's. [[partition, rows, sum, xor], ...] sorted by partition."""
+    from pyspark.sql import functions as F
+
+    spark.sparkContext.setJobGroup("verify", "verify")
+    h = F.xxhash64("id", "s")
+    rows = (df.repartition(partitions, "id")
+            .groupBy(F.spark_partition_id().alias("p"))
+            .agg(F.count(F.lit(1)).alias("n"),
+                 F.sum(F.pmod(h, F.lit(1 << 31))).alias("sum"),  # < 2^55 for 2^24 rows
+                 F.expr("bit_xor(xxhash64(id, s))").alias("xor"))
+            .collect())
+    return sorted([r["p"], r["n"], r["sum"], r["xor"]] for r in rows)
+
+
+def verify(point, runs, expected_rows):
+    """Raises unless every mode's checksums equal the built-in shuffle's and count every row."""
+    got = {r["mode"]: r["checksums"] for r in runs if r.get("checksums") is not None}
+    base = got.get("builtin")
+    if base is None:
+        raise RuntimeError(f"{point}: the built-in run has no checksums to compare with")
+    if sum(c[1] for c in base) != expected_rows:
+        raise RuntimeError(f"{point}: the built-in shuffle returned {sum(c[1] for c in base)} "
+                           f"rows, {expected_rows} expected")
+    for mode, c in got.items():
+        if c != base:
+            diff = ([x for x in c if x not in base][:3], [x for x in base if x not in c][:3])
+            raise RuntimeError(f"{point}: {mode}'s result differs from the built-in shuffle's "
+                               f"({len(c)} against {len(base)} non-empty partitions, "
+                               f"{sum(x[1] for x in c)} against {expected_rows} rows; [partition, "
+                               f"rows, sum, xor] only in {mode}'s, only in built-in's: {diff})")
+    print(f"{point}: every mode's result equals the built-in shuffle's ({expected_rows} rows, "
+          f"{len(base)} partitions; checked: {', '.join(sorted(got))})", flush=True)
 
 
 def peak_rss_mib(pids):
@@ -120,15 +164,21 @@ def run_point(args, point, spark, work, modes):
                                                         ROOT / "target/release/sluice")),
                                     pdir, servers=2)
     celeborn = None
-    if "celeborn" in modes:
-        from cluster import CelebornCluster
-
-        celeborn = CelebornCluster(pdir / "celeborn", workers=2)
-    servers = {"sluice": [p.proc.pid for p in sluice.servers],
-               "celeborn": celeborn.worker_pids() if celeborn else [], "builtin": []}
-    extra = {"sluice": {}, "builtin": {}, "celeborn": celeborn.spark_conf() if celeborn else {}}
+    samplers = {}
     runs = []
     try:
+        if "celeborn" in modes:
+            from cluster import CelebornCluster
+
+            celeborn = CelebornCluster(pdir / "celeborn", workers=2)
+        servers = {"sluice": [p.proc.pid for p in sluice.servers],
+                   "celeborn": celeborn.worker_pids() if celeborn else [], "builtin": []}
+        extra = {"sluice": {}, "builtin": {},
+                 "celeborn": celeborn.spark_conf() if celeborn else {}}
+        # The servers' CPU over the measured job alone (its first stage's submission to its last
+        # stage's completion): not the application's start, the idle JVM workers' own upkeep
+        # or the untimed check.
+        samplers = {m: bench.CpuSampler(pids) for m, pids in servers.items() if pids}
         for i in range(args.runs):
             for mode in modes:
                 load = bench.wait_for_quiet(args.max_load, args.load_wait)
@@ -136,6 +186,8 @@ def run_point(args, point, spark, work, modes):
                 cmd = [sys.executable, __file__, "--child", "--mode", mode, "--master", spark.url,
                        "--coordinator", sluice.coordinator, "--gib", str(gib), "--partitions",
                        str(parts), "--maps", str(maps), "--extra-conf", json.dumps(extra[mode])]
+                if i == 0 and args.verify:
+                    cmd.append("--checksums")
                 log = pdir / f"run{i + 1}-{mode}.log"
                 with open(log, "w") as err:
                     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
@@ -144,13 +196,21 @@ def run_point(args, point, spark, work, modes):
                     raise RuntimeError(f"{point} run {i + 1} ({mode}) failed: see {log}")
                 r = json.loads(proc.stdout.strip().splitlines()[-1])
                 r.update(point=list(point), load1_before=load,
-                         server_cpu_s=bench.cpu_seconds(servers[mode]) - cpu0)
+                         server_cpu_app_s=bench.cpu_seconds(servers[mode]) - cpu0)
+                time.sleep(0.3)  # a sample after the job's end
+                r["server_cpu_s"] = (samplers[mode].between(
+                    r["stages"][0]["submitted_ms"] / 1000, r["stages"][-1]["completed_ms"] / 1000)
+                    if mode in samplers else 0.0)
                 runs.append(r)
                 print(f"{gib:g} GiB {parts} partitions {maps} maps  run {i + 1} {mode:<8} "
-                      f"load {load:.2f}  {r['wall']:.1f} s  servers' CPU {r['server_cpu_s']:.1f} s",
-                      flush=True)
+                      f"load {load:.2f}  {r['wall']:.1f} s  servers' CPU {r['server_cpu_s']:.1f} s "
+                      f"in the job, {r['server_cpu_app_s']:.1f} s in the application", flush=True)
         rss = {m: peak_rss_mib(p) for m, p in servers.items()}
+        if args.verify:
+            verify(point, runs, int(gib * (1 << 30) / ROW_BYTES))
     finally:
+        for smp in samplers.values():
+            smp.stop()
         if celeborn:
             celeborn.stop()
         sluice.stop()
@@ -190,7 +250,8 @@ def report(summaries, modes):
                   f"{m['job_s'] / base:>16.2f}")
             label = ""
     print("fetch wait: the reduce stage's, summed over its tasks; exec CPU: all stages' tasks; "
-          "srv: the shuffle servers (none for built-in); medians of --runs applications")
+          "srv: the shuffle servers (none for built-in), CPU from the job's first stage's "
+          "submission to its last's completion; medians of --runs applications")
 
 
 def orchestrate(args):
@@ -228,7 +289,10 @@ def main():
     ap.add_argument("--load-wait", type=float, default=120, help="longest wait for it, s")
     ap.add_argument("--run-timeout", type=float, default=3600, help="one application, s")
     ap.add_argument("--json", help="write every run's figures here")
+    ap.add_argument("--no-verify", dest="verify", action="store_false",
+                    help="skip the result check (each mode's first application, untimed)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--checksums", action="store_true", help=argparse.SUPPRESS)
     for k, t in (("--mode", str), ("--master", str), ("--coordinator", str), ("--gib", float),
                  ("--partitions", int), ("--maps", int), ("--extra-conf", str)):
         ap.add_argument(k, type=t, help=argparse.SUPPRESS)
