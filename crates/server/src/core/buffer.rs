@@ -83,22 +83,34 @@ impl Staged {
         self.blocks.capacity() * std::mem::size_of::<Vec<u8>>()
     }
 
-    /// Appends `len` bytes from `offset` to `out`, across blocks.
-    fn copy_range(&self, mut offset: u64, mut len: usize, out: &mut Vec<u8>) {
-        let mut start = 0u64;
-        for b in &self.blocks {
-            let end = start + b.len() as u64;
-            if offset < end {
-                let at = (offset - start) as usize;
+    /// Where each block starts in the staged bytes (for [`Self::copy_range`]).
+    fn block_starts(&self) -> Vec<u64> {
+        let mut at = 0;
+        self.blocks
+            .iter()
+            .map(|b| {
+                let start = at;
+                at += b.len() as u64;
+                start
+            })
+            .collect()
+    }
+
+    /// Appends `len` bytes from `offset` to `out`, across blocks; `starts` is
+    /// [`Self::block_starts`]. Finds the first block by bisection: a partition's staged bytes
+    /// span a dozen blocks or more, and a flush copies hundreds of small batches out of them.
+    fn copy_range(&self, starts: &[u64], mut offset: u64, mut len: usize, out: &mut Vec<u8>) {
+        let mut i = starts.partition_point(|&s| s <= offset).saturating_sub(1);
+        while len > 0 && i < self.blocks.len() {
+            let b = &self.blocks[i];
+            let at = offset.saturating_sub(starts[i]) as usize;
+            if at < b.len() {
                 let take = len.min(b.len() - at);
                 out.extend_from_slice(&b[at..at + take]);
                 len -= take;
                 offset += take as u64;
-                if len == 0 {
-                    return;
-                }
             }
-            start = end;
+            i += 1;
         }
     }
 
@@ -106,12 +118,13 @@ impl Staged {
     /// `(run, offset)`. The batches were checked when pushed.
     fn runs(&self, out: &mut Vec<(Run, Loc)>, piece: u32) {
         let mut head = Vec::with_capacity(BATCH_HEADER_LEN);
+        let starts = self.block_starts();
         let mut at = 0u64;
         let first = out.len();
         let word = |h: &[u8], i: usize| u32::from_be_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
         while at + BATCH_HEADER_LEN as u64 <= self.len {
             head.clear();
-            self.copy_range(at, BATCH_HEADER_LEN, &mut head);
+            self.copy_range(&starts, at, BATCH_HEADER_LEN, &mut head);
             let (map_id, attempt_id) = (word(&head, 0), word(&head, 4));
             let len = BATCH_HEADER_LEN as u32 + word(&head, 12);
             match out[first..].last_mut() {
@@ -264,11 +277,16 @@ impl Buffer {
                 .map(|p| if let Piece::Staged(s) = p { s.len() } else { 0 })
                 .sum();
             let mut copy: Vec<u8> = Vec::with_capacity(staged_len as usize);
+            let starts: Vec<Vec<u64>> = self
+                .pieces
+                .iter()
+                .map(|p| if let Piece::Staged(s) = p { s.block_starts() } else { Vec::new() })
+                .collect();
             for (run, loc) in &entries {
                 match *loc {
                     Loc::Staged(n, at) => {
                         let Piece::Staged(s) = &self.pieces[n as usize] else { continue };
-                        s.copy_range(at, run.len as usize, &mut copy);
+                        s.copy_range(&starts[n as usize], at, run.len as usize, &mut copy);
                     }
                     Loc::Slice(n) => {
                         let Piece::Slice(b, _) = &self.pieces[n as usize] else { continue };
