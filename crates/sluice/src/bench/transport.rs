@@ -21,7 +21,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
@@ -252,7 +252,7 @@ async fn measure(
             (if zero_copy { &mut zc } else { &mut cp }).keep_faster(r);
         }
     }
-    let stats = child.stats()?;
+    let stats = child.stats_after(bytes * args.rounds as u64)?;
 
     let (mut raw_sf, mut raw_cp) = (Round::default(), Round::default());
     for round in 0..args.rounds {
@@ -877,6 +877,22 @@ impl ServerChild {
 
     fn cpu(&mut self) -> anyhow::Result<f64> {
         Ok(self.ask("cpu")?.parse()?)
+    }
+
+    /// The counters once both fetch servers have counted `bytes` each (a server counts a
+    /// frame's bytes after its write returns, which can be after the reader got them), or as
+    /// they stand after a second.
+    fn stats_after(&mut self, bytes: u64) -> anyhow::Result<ChildStats> {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        loop {
+            let s = self.stats()?;
+            let sent = |c: &CountersJson| c.sendfile_bytes + c.copy_bytes;
+            if (sent(&s.zero_copy) >= bytes && sent(&s.copy) >= bytes) || Instant::now() > deadline
+            {
+                return Ok(s);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     fn stats(&mut self) -> anyhow::Result<ChildStats> {
