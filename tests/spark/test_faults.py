@@ -205,17 +205,25 @@ def test_r1_corrupt_chunk_between_map_and_reduce(r1):
     assert in_group(app, "corrupt-1", lambda: sorted(sums.collect())) == EXPECTED
     files = r1.app_files()
     assert files, "no partition file on disk after the commit"
-    victim = max(files, key=lambda f: f.stat().st_size)
-    data = bytearray(victim.read_bytes())
-    # From the middle on, the first byte that is not a chunk's zero padding (chunks are padded
-    # to whole pages; small early flushes make many): inside some batch, whose CRC32C then no
-    # longer matches.
-    mid = len(data) // 2
-    start = next((i for i in [*range(mid, len(data)), *range(mid)] if data[i] != 0), None)
-    assert start is not None, f"{victim} holds only zeros"
-    for i in range(start, min(len(data), start + 16)):
-        data[i] ^= 0xFF
-    victim.write_bytes(bytes(data))
+    # Every 64 KiB of every file of the application, the first byte on that is not a chunk's zero
+    # padding (chunks are padded to whole pages; small early flushes make many) and the 15 after
+    # it are flipped: inside batches, whose CRC32C then no longer match. Many places, not one: a
+    # file can also hold batches of a map attempt that lost (a task that ran twice), which no
+    # reader reads; one damaged place fell into those once in CI.
+    damaged = 0
+    for victim in files:
+        data = bytearray(victim.read_bytes())
+        at = 0
+        while at < len(data):
+            start = next((i for i in range(at, len(data)) if data[i] != 0), None)
+            if start is None:
+                break
+            for i in range(start, min(len(data), start + 16)):
+                data[i] ^= 0xFF
+            damaged += 1
+            at = start + (64 << 10)
+        victim.write_bytes(bytes(data))
+    assert damaged, f"{files} hold only zeros"
     # The same RDD again: Spark skips the map stage (its outputs are registered) and reads.
     assert in_group(app, "corrupt-2", lambda: sorted(sums.collect())) == EXPECTED
     failures = fetch_failures(app, "corrupt-2")
