@@ -41,9 +41,11 @@ const SYNCFS_ABOVE_FILES: usize = 32;
 /// Makes a committed shuffle durable: `files` synced, then its record written next to them (see
 /// the module's notes); returns the record. Blocking. `record` makes the record, on this thread
 /// while another syncs `files` (a wide shuffle's record takes as long to encode as its files
-/// to sync). A shuffle deleted meanwhile (`deleted` says so, and its directory is gone) gets no
-/// record; a directory gone under a shuffle that was not deleted is an error (its data is gone
-/// with it).
+/// to sync); the record is written to its temporary files meanwhile too, and only synced and
+/// given its name once the files are synced (a crash in between leaves a temporary record,
+/// deleted at start). A shuffle deleted meanwhile (`deleted` says so, and its directory is
+/// gone) gets no record; a directory gone under a shuffle that was not deleted is an error (its
+/// data is gone with it).
 pub fn persist(
     storage: &Storage,
     key: &ShuffleKey,
@@ -51,19 +53,27 @@ pub fn persist(
     files: &[FileRef],
     deleted: impl Fn() -> bool,
 ) -> io::Result<Vec<u8>> {
-    let (synced, record) = std::thread::scope(|s| {
+    let (synced, record, staged) = std::thread::scope(|s| {
         let syncing = std::thread::Builder::new()
             .name("sluice-commit-sync".into())
             .spawn_scoped(s, || sync_files(files));
         let record = record();
+        let staged = stage_record(storage, key, &record, files, &deleted);
         let synced = match syncing {
             Ok(h) => h.join().unwrap_or_else(|_| Err(io::Error::other("the sync thread panicked"))),
             Err(_) => sync_files(files), // no thread to be had: in turn
         };
-        (synced, record)
+        (synced, record, staged)
     });
+    // Dropping a staged record unpublished deletes it.
+    let staged = staged?;
     synced?;
-    write_record(storage, key, &record, files, deleted)?;
+    for s in staged {
+        match s.publish() {
+            Err(_) if deleted() => {} // deleted meanwhile, its directory with it
+            done => done?,
+        }
+    }
     Ok(record)
 }
 
@@ -94,15 +104,16 @@ fn by_dir(files: &[FileRef]) -> ByDir<'_> {
     by_dir
 }
 
-/// Writes `record` on each directory that holds one of `files` that was created (or, with none,
-/// on the one with most room), as [`persist`] says.
-fn write_record(
+/// Writes `record` to a temporary file on each directory that holds one of `files` that was
+/// created (or, with none, on the one with most room), as [`persist`] says; they are synced and
+/// named by [`StagedRecord::publish`].
+fn stage_record(
     storage: &Storage,
     key: &ShuffleKey,
     record: &[u8],
     files: &[FileRef],
     deleted: impl Fn() -> bool,
-) -> io::Result<()> {
+) -> io::Result<Vec<StagedRecord>> {
     // A shuffle with no data at all still has a record (its readers must find it), on the
     // directory with most room.
     let mut dirs: Vec<(Arc<DataDir>, bool)> = by_dir(files)
@@ -118,6 +129,7 @@ fn write_record(
         };
         dirs.push((dir, false));
     }
+    let mut staged = Vec::new();
     for (dir, has_files) in dirs {
         let sdir = shuffle_dir(&dir, key);
         if has_files && !sdir.is_dir() {
@@ -130,9 +142,9 @@ fn write_record(
             ));
         }
         std::fs::create_dir_all(&sdir).map_err(|e| context(e, &sdir))?;
-        write_synced(&sdir, record).map_err(|e| context(e, &sdir))?;
+        staged.push(StagedRecord::write(sdir, record)?);
     }
-    Ok(())
+    Ok(staged)
 }
 
 /// Writes a committed shuffle's `record` anew on every data directory in service that holds
@@ -144,7 +156,7 @@ pub fn rewrite(storage: &Storage, key: &ShuffleKey, record: &[u8]) -> io::Result
     for dir in storage.dirs().iter().filter(|d| !d.is_failed()) {
         let sdir = shuffle_dir(dir, key);
         if sdir.join(INDEX_FILE).is_file() {
-            write_synced(&sdir, record).map_err(|e| context(e, &sdir))?;
+            write_synced(&sdir, record)?;
             written += 1;
         }
     }
@@ -161,22 +173,54 @@ fn context(e: io::Error, path: &Path) -> io::Error {
 /// Writes `record` as `sdir/index` through a temporary file; syncs the file, then the shuffle's
 /// directory and its parents up to the data directory (new directory entries).
 fn write_synced(sdir: &Path, record: &[u8]) -> io::Result<()> {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let tmp = sdir.join(format!("{INDEX_TMP_PREFIX}{}", NEXT.fetch_add(1, Ordering::Relaxed)));
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-    let written = f.write_all(record).and_then(|()| f.sync_data());
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
+    StagedRecord::write(sdir.to_path_buf(), record)?.publish()
+}
+
+/// A record written to a temporary file in its shuffle's directory, not yet synced nor named:
+/// dropped unpublished, the file is deleted.
+struct StagedRecord {
+    sdir: PathBuf,
+    tmp: Option<(PathBuf, File)>,
+}
+
+impl StagedRecord {
+    fn write(sdir: PathBuf, record: &[u8]) -> io::Result<StagedRecord> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let tmp = sdir.join(format!("{INDEX_TMP_PREFIX}{}", NEXT.fetch_add(1, Ordering::Relaxed)));
+        let f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp);
+        let f = f.map_err(|e| context(e, &sdir))?;
+        let mut staged = StagedRecord { sdir, tmp: Some((tmp, f)) };
+        if let Some((_, f)) = &mut staged.tmp {
+            f.write_all(record).map_err(|e| context(e, &staged.sdir))?;
+        }
+        Ok(staged)
     }
-    std::fs::rename(&tmp, sdir.join(INDEX_FILE))?;
-    let mut at = Some(sdir);
-    for _ in 0..3 {
-        let Some(d) = at else { break };
-        File::open(d)?.sync_all()?;
-        at = d.parent();
+
+    /// Syncs the record, names it `index`, and syncs the shuffle's directory and its parents
+    /// up to the data directory.
+    fn publish(mut self) -> io::Result<()> {
+        let Some((tmp, f)) = self.tmp.take() else { return Ok(()) };
+        let named = f.sync_data().and_then(|()| std::fs::rename(&tmp, self.sdir.join(INDEX_FILE)));
+        if let Err(e) = named {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(context(e, &self.sdir));
+        }
+        let mut at = Some(self.sdir.as_path());
+        for _ in 0..3 {
+            let Some(d) = at else { break };
+            File::open(d).and_then(|d| d.sync_all()).map_err(|e| context(e, d))?;
+            at = d.parent();
+        }
+        Ok(())
     }
-    Ok(())
+}
+
+impl Drop for StagedRecord {
+    fn drop(&mut self) {
+        if let Some((tmp, _)) = self.tmp.take() {
+            let _ = std::fs::remove_file(tmp);
+        }
+    }
 }
 
 /// What a start found on the data directories.
