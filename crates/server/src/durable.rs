@@ -4,8 +4,9 @@
 //! (`fdatasync` of each of its files on a directory, or one `syncfs` of the directory's file
 //! system when it holds many of them), then writes the shuffle's commit record (see
 //! `core::record`) as `index` in the shuffle's directory on each data directory that holds a
-//! file of it: written to a temporary name, synced, renamed, and the directories synced. Only
-//! then is the commit answered: a commit a writer saw succeed survives a crash of the server.
+//! file of it: written to a temporary name while the data syncs, then (data durable) synced,
+//! renamed, and the directories synced. Only then is the commit answered: a commit a writer saw
+//! succeed survives a crash of the server.
 //!
 //! **At start**, the server reads every shuffle directory of its data directories: a shuffle
 //! with a commit record is served again (a partition whose files are missing or short, or whose
