@@ -24,6 +24,7 @@ import io.netty.handler.ssl.SslContextBuilder;
 import io.netty.handler.ssl.SslHandler;
 import io.netty.handler.ssl.SslProvider;
 import io.netty.util.concurrent.DefaultThreadFactory;
+import io.sluice.protocol.BodyBuffers;
 import io.sluice.protocol.FrameDecoder;
 import io.sluice.protocol.FrameHeader;
 import io.sluice.protocol.Message;
@@ -57,6 +58,11 @@ public final class TransportClientFactory implements AutoCloseable {
    */
   static final ByteBufAllocator ALLOCATOR = new AdaptiveByteBufAllocator();
   private static final Logger LOG = LoggerFactory.getLogger(TransportClientFactory.class);
+  /**
+   * What a socket read takes in between bodies read straight into their buffers: a frame's head,
+   * small frames, and the first bytes of the next body (copied into its buffer).
+   */
+  private static final int HEAD_READ_BYTES = 64 * 1024;
 
   private final SluiceConf conf;
   private final String appId;
@@ -66,6 +72,8 @@ public final class TransportClientFactory implements AutoCloseable {
   /** TLS of every connection ({@code null}: plain TCP). */
   private final SslContext sslContext;
   private final String tlsEngine;
+  /** The buffers connections receive large bodies (fetched chunks) into, recycled. */
+  private final BodyBuffers bodies;
   private final ConcurrentHashMap<String, Peer> peers = new ConcurrentHashMap<>();
   private final ConcurrentHashMap<String, BusyGate> busyGates = new ConcurrentHashMap<>();
   private volatile boolean closed;
@@ -103,6 +111,7 @@ public final class TransportClientFactory implements AutoCloseable {
     SslProvider provider = conf.tlsEnabled() ? tlsProvider(conf) : null;
     this.sslContext = provider != null ? sslContext(conf, provider) : null;
     this.tlsEngine = provider != null ? provider.name().toLowerCase(java.util.Locale.ROOT) : "none";
+    this.bodies = new BodyBuffers(conf.fetchBufferCacheBytes());
   }
 
   /** The TLS engine connections use: {@code jdk}, {@code openssl}, or {@code none} (plain). */
@@ -304,8 +313,15 @@ public final class TransportClientFactory implements AutoCloseable {
               ssl.engine().setSSLParameters(params);
               ch.pipeline().addLast("tls", ssl);
             }
-            ch.pipeline()
-                .addLast("frameDecoder", new FrameDecoder(FrameHeader.HANDSHAKE_MAX_FRAME_BYTES));
+            FrameDecoder decoder =
+                new FrameDecoder(FrameHeader.HANDSHAKE_MAX_FRAME_BYTES, bodies);
+            if (sslContext == null) {
+              // The decoder gets the socket's bytes as read: the rest of a chunk is read
+              // straight into the chunk's buffer.
+              ch.config().setRecvByteBufAllocator(new BodyReadAllocator(decoder,
+                  Math.min(HEAD_READ_BYTES, conf.maxReadBytes()), conf.maxReadBytes()));
+            }
+            ch.pipeline().addLast("frameDecoder", decoder);
           }
         });
     ChannelFuture cf = b.connect(host, port);
@@ -356,5 +372,6 @@ public final class TransportClientFactory implements AutoCloseable {
     }
     peers.clear();
     group.shutdownGracefully(0, 2, TimeUnit.SECONDS).awaitUninterruptibly(5, TimeUnit.SECONDS);
+    bodies.close();
   }
 }
