@@ -4,6 +4,7 @@ import io.netty.buffer.ByteBuf;
 import io.netty.buffer.ByteBufAllocator;
 import io.netty.channel.DefaultMaxMessagesRecvByteBufAllocator;
 import io.sluice.protocol.FrameDecoder;
+import java.util.concurrent.atomic.LongAdder;
 
 /**
  * The receive allocator of one plain-TCP connection: while its {@link FrameDecoder} receives a
@@ -24,20 +25,36 @@ final class BodyReadAllocator extends DefaultMaxMessagesRecvByteBufAllocator {
   private final int headReadBytes;
   private final int maxReadBytes;
 
-  BodyReadAllocator(FrameDecoder decoder, int headReadBytes, int maxReadBytes) {
+  private final LongAdder inPlaceBytes;
+
+  /** @param inPlaceBytes counts the bytes read straight into bodies */
+  BodyReadAllocator(FrameDecoder decoder, int headReadBytes, int maxReadBytes,
+      LongAdder inPlaceBytes) {
     super(MAX_READS_PER_EVENT);
     this.decoder = decoder;
     this.headReadBytes = headReadBytes;
     this.maxReadBytes = maxReadBytes;
+    this.inPlaceBytes = inPlaceBytes;
   }
 
   @Override
   public Handle newHandle() {
     return new MaxMessageHandle() {
+      private boolean intoBody;
+
       @Override
       public ByteBuf allocate(ByteBufAllocator alloc) {
         ByteBuf body = decoder.readTarget(maxReadBytes);
-        return body != null ? body : alloc.ioBuffer(headReadBytes);
+        intoBody = body != null;
+        return intoBody ? body : alloc.ioBuffer(headReadBytes);
+      }
+
+      @Override
+      public void lastBytesRead(int bytes) {
+        super.lastBytesRead(bytes);
+        if (intoBody && bytes > 0) {
+          inPlaceBytes.add(bytes);
+        }
       }
 
       @Override

@@ -33,6 +33,7 @@ import java.util.concurrent.ConcurrentHashMap;
 import javax.net.ssl.SSLException;
 import javax.net.ssl.SSLParameters;
 import java.util.concurrent.ThreadLocalRandom;
+import java.util.concurrent.atomic.LongAdder;
 import java.util.concurrent.TimeUnit;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -74,6 +75,7 @@ public final class TransportClientFactory implements AutoCloseable {
   private final String tlsEngine;
   /** The buffers connections receive large bodies (fetched chunks) into, recycled. */
   private final BodyBuffers bodies;
+  private final LongAdder bodyBytesReadInPlace = new LongAdder();
   private final ConcurrentHashMap<String, Peer> peers = new ConcurrentHashMap<>();
   private final ConcurrentHashMap<String, BusyGate> busyGates = new ConcurrentHashMap<>();
   private volatile boolean closed;
@@ -164,6 +166,16 @@ public final class TransportClientFactory implements AutoCloseable {
   /** The gate that holds pushes to {@code server} back while it answers Busy (one per server). */
   BusyGate busyGate(ShuffleAssignment.Server server) {
     return busyGates.computeIfAbsent(server.hostPort(), k -> new BusyGate());
+  }
+
+  /** Where connections' large bodies come from (tests: every one released). */
+  BodyBuffers bodyBuffers() {
+    return bodies;
+  }
+
+  /** Bytes the connections read straight into the bodies of frames (plain TCP only). */
+  long bodyBytesReadInPlace() {
+    return bodyBytesReadInPlace.sum();
   }
 
   /** The event loops, also usable to schedule small timers. */
@@ -319,7 +331,8 @@ public final class TransportClientFactory implements AutoCloseable {
               // The decoder gets the socket's bytes as read: the rest of a chunk is read
               // straight into the chunk's buffer.
               ch.config().setRecvByteBufAllocator(new BodyReadAllocator(decoder,
-                  Math.min(HEAD_READ_BYTES, conf.maxReadBytes()), conf.maxReadBytes()));
+                  Math.min(HEAD_READ_BYTES, conf.maxReadBytes()), conf.maxReadBytes(),
+                  bodyBytesReadInPlace));
             }
             ch.pipeline().addLast("frameDecoder", decoder);
           }

@@ -40,8 +40,8 @@ public final class BodyBuffers implements AutoCloseable {
   }
 
   /**
-   * A direct buffer with room for exactly {@code len} writable bytes at index 0 (its capacity may
-   * be larger); the caller owns it.
+   * A direct buffer of capacity {@code len}, empty (indexes at 0); the caller owns it. (A
+   * recycled one is a slice of a buffer of the size class: releasing it releases that.)
    */
   public ByteBuf take(ByteBufAllocator alloc, int len) {
     if (len < RECYCLED_FROM || !PlatformDependent.hasUnsafe()) {
@@ -56,7 +56,7 @@ public final class BodyBuffers implements AutoCloseable {
       b = new Recycled(this, cls * CLASS_BYTES);
     }
     outstanding.incrementAndGet();
-    return b;
+    return b.slice(0, len).clear();
   }
 
   private ConcurrentLinkedQueue<Recycled> queue(int cls) {
@@ -66,7 +66,10 @@ public final class BodyBuffers implements AutoCloseable {
   /** Takes back a released body: true if it is kept for reuse, false if it is to be freed. */
   private boolean giveBack(Recycled b) {
     outstanding.decrementAndGet();
-    if (closed || cachedBytes.addAndGet(b.capacity()) > maxCachedBytes) {
+    if (closed) {
+      return false;
+    }
+    if (cachedBytes.addAndGet(b.capacity()) > maxCachedBytes) {
       cachedBytes.addAndGet(-b.capacity());
       return false;
     }
