@@ -51,11 +51,12 @@ import org.slf4j.LoggerFactory;
  */
 public final class TransportClientFactory implements AutoCloseable {
   /**
-   * The connections' allocator: their read buffers and frame heads. Netty's adaptive allocator
-   * keeps its chunks for reuse; with the pooled one, a fetched chunk (~64 read buffers, held
-   * until the reader is done with it) emptied whole pool chunks, which the pool then freed and
-   * allocated again: 35 % of the event loops' CPU went to allocating and zeroing direct memory and
-   * its page faults while a reader fetched (bench/jvm/read.sh, async-profiler).
+   * The connections' allocator: their read buffers, frame heads and bodies up to 1 MiB (larger
+   * ones come from {@link BodyBuffers}). Netty's adaptive allocator keeps its chunks for reuse;
+   * with the pooled one, a fetched chunk (then ~64 read buffers, held until the reader was done
+   * with it) emptied whole pool chunks, which the pool then freed and allocated again: 35 % of the
+   * event loops' CPU went to allocating and zeroing direct memory and its page faults while a
+   * reader fetched (bench/jvm/read.sh, async-profiler).
    */
   static final ByteBufAllocator ALLOCATOR = new AdaptiveByteBufAllocator();
   private static final Logger LOG = LoggerFactory.getLogger(TransportClientFactory.class);
