@@ -403,13 +403,14 @@ class ShuffleRoundTripTest {
         }
         w.finish();
       }
-      List<byte[]> got = new ArrayList<>();
+      // By batch id: the writer's pushes may reach the server in either order.
+      Map<Integer, byte[]> got = new java.util.HashMap<>();
       try (ShuffleReaderClient r = new ShuffleReaderClient(f, big, APP, 1, a, 0, 0, 1)) {
         while (r.hasNext()) {
           ByteBuf b = r.next();
           byte[] bytes = new byte[b.readableBytes()];
           b.getBytes(b.readerIndex(), bytes);
-          got.add(bytes);
+          got.put(r.header().batchId(), bytes);
         }
       }
       assertEquals(pushed.size(), got.size());
