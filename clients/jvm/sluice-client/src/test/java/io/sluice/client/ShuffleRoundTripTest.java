@@ -32,6 +32,8 @@ import java.util.function.Function;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.ValueSource;
 
 /** Writer → fake servers → reader, through the coordinator calls the Spark driver makes. */
 class ShuffleRoundTripTest {
@@ -386,10 +388,15 @@ class ShuffleRoundTripTest {
    * of its bytes by the socket straight into it, and comes out whole; every such buffer goes back
    * to the factory's pool. A flipped byte in the part read in place is CHECKSUM_MISMATCH.
    */
-  @Test
-  void largeChunksAreReadInPlaceWholeAndReleased() throws Exception {
-    SluiceConf big = TransportClientTest.conf(Map.of("sluice.client.pushBatchBytes", "3m"));
+  @ParameterizedTest(name = "preferEpoll={0}")
+  @ValueSource(booleans = {true, false})
+  void largeChunksAreReadInPlaceWholeAndReleased(boolean epoll) throws Exception {
+    SluiceConf big = TransportClientTest.conf(Map.of("sluice.client.pushBatchBytes", "3m",
+        "sluice.client.preferEpoll", Boolean.toString(epoll)));
     try (TransportClientFactory f = new TransportClientFactory(big, APP)) {
+      if (!epoll) {
+        assertFalse(f.usesEpoll(), "the NIO transport reads in place too");
+      }
       CoordinatorClient c = new CoordinatorClient(f, List.of(coordinator.hostPort()));
       ShuffleAssignment a = c.registerShuffle(APP, 1, 1, 1, 1);
       java.util.Random rnd = new java.util.Random(5);
