@@ -49,6 +49,9 @@ def main():
     ap = push.parser(__doc__, "JVMs per engine (alternating)", 6)
     ap.add_argument("--partitions", type=int, default=16)
     ap.add_argument("--readers", type=int, default=1, help="partitions read at once")
+    ap.add_argument("--passes", type=int, default=1,
+                    help="times every shuffle is read, per JVM (read.py's runner reads them "
+                    "all once every shuffle is pushed)")
     ap.add_argument("--json", help="write every round's figures here")
     args = ap.parse_args()
 

@@ -41,7 +41,8 @@ import java.util.Map;
  * <tr><td>sluice.client.ioThreads</td><td>min(4, cores)</td><td>Netty event-loop threads</td></tr>
  * <tr><td>sluice.client.writeBufferHighWatermarkBytes</td><td>2m</td><td>a channel stops being writable above this much queued output</td></tr>
  * <tr><td>sluice.client.writeBufferLowWatermarkBytes</td><td>1m</td><td>and is writable again below this</td></tr>
- * <tr><td>sluice.client.maxReadBytes</td><td>1m</td><td>the most one socket read takes in (Netty's read buffers grow to it while reads fill them)</td></tr>
+ * <tr><td>sluice.client.maxReadBytes</td><td>1m</td><td>the most one socket read takes in (a fetched chunk is read straight into its own buffer this much at a time; with TLS, Netty's read buffers grow to it while reads fill them)</td></tr>
+ * <tr><td>sluice.client.fetchBufferCacheBytes</td><td>64m</td><td>bytes of released chunk buffers (bodies over 1 MiB) kept for the next chunks, per process</td></tr>
  * <tr><td>sluice.client.preferEpoll</td><td>true</td><td>use native epoll when it loads</td></tr>
  * </table>
  */
@@ -70,6 +71,7 @@ public final class SluiceConf {
   private final int reconnectBackoffMaxMs;
   private final int ioThreads;
   private final int maxReadBytes;
+  private final long fetchBufferCacheBytes;
   private final int writeBufferHighWatermarkBytes;
   private final int writeBufferLowWatermarkBytes;
   private final boolean preferEpoll;
@@ -134,6 +136,8 @@ public final class SluiceConf {
         (int) bytesIn("sluice.client.writeBufferLowWatermarkBytes", 1L << 20, 0,
             writeBufferHighWatermarkBytes);
     this.maxReadBytes = (int) bytesIn("sluice.client.maxReadBytes", 1L << 20, 4L << 10, 64L << 20);
+    this.fetchBufferCacheBytes = bytesIn("sluice.client.fetchBufferCacheBytes", 64L << 20, 0,
+        1L << 40);
     this.preferEpoll = bool("sluice.client.preferEpoll", true);
     this.prefetchNextPartition = bool("sluice.client.prefetchNextPartition", false);
   }
@@ -322,6 +326,11 @@ public final class SluiceConf {
 
   public int maxReadBytes() {
     return maxReadBytes;
+  }
+
+  /** Bytes of released chunk buffers kept for reuse ({@link io.sluice.protocol.BodyBuffers}). */
+  public long fetchBufferCacheBytes() {
+    return fetchBufferCacheBytes;
   }
 
   public boolean preferEpoll() {

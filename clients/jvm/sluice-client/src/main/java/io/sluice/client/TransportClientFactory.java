@@ -24,6 +24,7 @@ import io.netty.handler.ssl.SslContextBuilder;
 import io.netty.handler.ssl.SslHandler;
 import io.netty.handler.ssl.SslProvider;
 import io.netty.util.concurrent.DefaultThreadFactory;
+import io.sluice.protocol.BodyBuffers;
 import io.sluice.protocol.FrameDecoder;
 import io.sluice.protocol.FrameHeader;
 import io.sluice.protocol.Message;
@@ -32,6 +33,7 @@ import java.util.concurrent.ConcurrentHashMap;
 import javax.net.ssl.SSLException;
 import javax.net.ssl.SSLParameters;
 import java.util.concurrent.ThreadLocalRandom;
+import java.util.concurrent.atomic.LongAdder;
 import java.util.concurrent.TimeUnit;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -49,14 +51,20 @@ import org.slf4j.LoggerFactory;
  */
 public final class TransportClientFactory implements AutoCloseable {
   /**
-   * The connections' allocator: their read buffers and frame heads. Netty's adaptive allocator
-   * keeps its chunks for reuse; with the pooled one, a fetched chunk (~64 read buffers, held
-   * until the reader is done with it) emptied whole pool chunks, which the pool then freed and
-   * allocated again: 35 % of the event loops' CPU went to allocating and zeroing direct memory and
-   * its page faults while a reader fetched (bench/jvm/read.sh, async-profiler).
+   * The connections' allocator: their read buffers, frame heads and bodies up to 1 MiB (larger
+   * ones come from {@link BodyBuffers}). Netty's adaptive allocator keeps its chunks for reuse;
+   * with the pooled one, a fetched chunk (then ~64 read buffers, held until the reader was done
+   * with it) emptied whole pool chunks, which the pool then freed and allocated again: 35 % of the
+   * event loops' CPU went to allocating and zeroing direct memory and its page faults while a
+   * reader fetched (bench/jvm/read.sh, async-profiler).
    */
   static final ByteBufAllocator ALLOCATOR = new AdaptiveByteBufAllocator();
   private static final Logger LOG = LoggerFactory.getLogger(TransportClientFactory.class);
+  /**
+   * What a socket read takes in between bodies read straight into their buffers: a frame's head,
+   * small frames, and the first bytes of the next body (copied into its buffer).
+   */
+  private static final int HEAD_READ_BYTES = 64 * 1024;
 
   private final SluiceConf conf;
   private final String appId;
@@ -66,6 +74,9 @@ public final class TransportClientFactory implements AutoCloseable {
   /** TLS of every connection ({@code null}: plain TCP). */
   private final SslContext sslContext;
   private final String tlsEngine;
+  /** The buffers connections receive large bodies (fetched chunks) into, recycled. */
+  private final BodyBuffers bodies;
+  private final LongAdder bodyBytesReadInPlace = new LongAdder();
   private final ConcurrentHashMap<String, Peer> peers = new ConcurrentHashMap<>();
   private final ConcurrentHashMap<String, BusyGate> busyGates = new ConcurrentHashMap<>();
   private volatile boolean closed;
@@ -103,6 +114,7 @@ public final class TransportClientFactory implements AutoCloseable {
     SslProvider provider = conf.tlsEnabled() ? tlsProvider(conf) : null;
     this.sslContext = provider != null ? sslContext(conf, provider) : null;
     this.tlsEngine = provider != null ? provider.name().toLowerCase(java.util.Locale.ROOT) : "none";
+    this.bodies = new BodyBuffers(conf.fetchBufferCacheBytes());
   }
 
   /** The TLS engine connections use: {@code jdk}, {@code openssl}, or {@code none} (plain). */
@@ -155,6 +167,16 @@ public final class TransportClientFactory implements AutoCloseable {
   /** The gate that holds pushes to {@code server} back while it answers Busy (one per server). */
   BusyGate busyGate(ShuffleAssignment.Server server) {
     return busyGates.computeIfAbsent(server.hostPort(), k -> new BusyGate());
+  }
+
+  /** Where connections' large bodies come from (tests: every one released). */
+  BodyBuffers bodyBuffers() {
+    return bodies;
+  }
+
+  /** Bytes the connections read straight into the bodies of frames (plain TCP only). */
+  long bodyBytesReadInPlace() {
+    return bodyBytesReadInPlace.sum();
   }
 
   /** The event loops, also usable to schedule small timers. */
@@ -304,8 +326,16 @@ public final class TransportClientFactory implements AutoCloseable {
               ssl.engine().setSSLParameters(params);
               ch.pipeline().addLast("tls", ssl);
             }
-            ch.pipeline()
-                .addLast("frameDecoder", new FrameDecoder(FrameHeader.HANDSHAKE_MAX_FRAME_BYTES));
+            FrameDecoder decoder =
+                new FrameDecoder(FrameHeader.HANDSHAKE_MAX_FRAME_BYTES, bodies);
+            if (sslContext == null) {
+              // The decoder gets the socket's bytes as read: the rest of a chunk is read
+              // straight into the chunk's buffer.
+              ch.config().setRecvByteBufAllocator(new BodyReadAllocator(decoder,
+                  Math.min(HEAD_READ_BYTES, conf.maxReadBytes()), conf.maxReadBytes(),
+                  bodyBytesReadInPlace));
+            }
+            ch.pipeline().addLast("frameDecoder", decoder);
           }
         });
     ChannelFuture cf = b.connect(host, port);
@@ -356,5 +386,6 @@ public final class TransportClientFactory implements AutoCloseable {
     }
     peers.clear();
     group.shutdownGracefully(0, 2, TimeUnit.SECONDS).awaitUninterruptibly(5, TimeUnit.SECONDS);
+    bodies.close();
   }
 }

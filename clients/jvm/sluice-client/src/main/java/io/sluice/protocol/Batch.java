@@ -128,8 +128,9 @@ public final class Batch {
    * {@link #forEach} for a fetched chunk: checks that the readable bytes of {@code region} are
    * whole batches with matching CRCs, and only then hands each batch to {@code visitor}, so a
    * corrupted chunk hands out none. The headers are decoded once, and the CRCs are computed over
-   * the region's NIO buffers, taken once for the whole region (a chunk received in many reads is
-   * a composite of them), not over a new set of buffers per batch. Indexes of {@code region} are
+   * the region's NIO buffers, taken once for the whole region (one for a chunk as {@link
+   * FrameDecoder} delivers it; any number for a composite region), not over a new set of buffers
+   * per batch. Indexes of {@code region} are
    * not moved; nothing is retained or released.
    *
    * @throws ProtocolException as {@link #forEach}, before any batch is visited

@@ -99,15 +99,25 @@ public final class Frame extends AbstractReferenceCounted {
     if (h == null || in.readableBytes() < h.frameLen()) {
       return null;
     }
-    int start = in.readerIndex();
-    ByteBuf fields = in.slice(start + FrameHeader.HEADER_BYTES, h.fieldsLen());
+    Message m = decodeFields(in, h);
+    ByteBuf body = h.bodyLen() == 0 ? null : in.readRetainedSlice(h.bodyLen());
+    return new Frame(h.requestId(), m, body, h);
+  }
+
+  /**
+   * Decodes the message of the frame whose header {@code h} is at the reader index of {@code in},
+   * with its fields after it, and moves the reader index past them (to the body's first byte).
+   *
+   * @throws ProtocolException when the fields break the protocol
+   */
+  static Message decodeFields(ByteBuf in, FrameHeader h) {
+    ByteBuf fields = in.slice(in.readerIndex() + FrameHeader.HEADER_BYTES, h.fieldsLen());
     Message m = Message.decode(h.type(), fields);
     if (m instanceof PushMerged pm) {
       pm.checkSections(h.bodyLen());
     }
     in.skipBytes(FrameHeader.HEADER_BYTES + h.fieldsLen());
-    ByteBuf body = h.bodyLen() == 0 ? null : in.readRetainedSlice(h.bodyLen());
-    return new Frame(h.requestId(), m, body, h);
+    return m;
   }
 
   /**

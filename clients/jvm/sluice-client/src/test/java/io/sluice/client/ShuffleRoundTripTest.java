@@ -32,6 +32,8 @@ import java.util.function.Function;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.ValueSource;
 
 /** Writer → fake servers → reader, through the coordinator calls the Spark driver makes. */
 class ShuffleRoundTripTest {
@@ -379,6 +381,71 @@ class ShuffleRoundTripTest {
     s1.corruptChunks.set(1000);
     SluiceException e = assertThrows(SluiceException.class, () -> read(a, 0, 0, 1));
     assertEquals(ErrorCode.CHECKSUM_MISMATCH, e.code());
+  }
+
+  /**
+   * Chunks of several MiB over real connections: each is read into one buffer of its own, most
+   * of its bytes by the socket straight into it, and comes out whole; every such buffer goes back
+   * to the factory's pool. A flipped byte in the part read in place is CHECKSUM_MISMATCH.
+   */
+  @ParameterizedTest(name = "preferEpoll={0}")
+  @ValueSource(booleans = {true, false})
+  void largeChunksAreReadInPlaceWholeAndReleased(boolean epoll) throws Exception {
+    SluiceConf big = TransportClientTest.conf(Map.of("sluice.client.pushBatchBytes", "3m",
+        "sluice.client.preferEpoll", Boolean.toString(epoll)));
+    try (TransportClientFactory f = new TransportClientFactory(big, APP)) {
+      if (!epoll) {
+        assertFalse(f.usesEpoll(), "the NIO transport reads in place too");
+      }
+      CoordinatorClient c = new CoordinatorClient(f, List.of(coordinator.hostPort()));
+      ShuffleAssignment a = c.registerShuffle(APP, 1, 1, 1, 1);
+      java.util.Random rnd = new java.util.Random(5);
+      List<byte[]> pushed = new ArrayList<>();
+      try (ShuffleWriterClient w = new ShuffleWriterClient(f, big, APP, 1, 0, 0, a)) {
+        for (int i = 0; i < 160; i++) { // ~8 MB: chunks of ~3 MiB, and the rest
+          byte[] p = new byte[1 + rnd.nextInt(100_000)];
+          rnd.nextBytes(p);
+          pushed.add(p);
+          w.addBatch(0, p);
+        }
+        w.finish();
+      }
+      // By batch id: the writer's pushes may reach the server in either order.
+      Map<Integer, byte[]> got = new java.util.HashMap<>();
+      try (ShuffleReaderClient r = new ShuffleReaderClient(f, big, APP, 1, a, 0, 0, 1)) {
+        while (r.hasNext()) {
+          ByteBuf b = r.next();
+          byte[] bytes = new byte[b.readableBytes()];
+          b.getBytes(b.readerIndex(), bytes);
+          got.put(r.header().batchId(), bytes);
+        }
+      }
+      assertEquals(pushed.size(), got.size());
+      for (int i = 0; i < pushed.size(); i++) {
+        assertArrayEquals(pushed.get(i), got.get(i), "batch " + i);
+      }
+      assertTrue(f.bodyBytesReadInPlace() > (4 << 20),
+          "read in place: " + f.bodyBytesReadInPlace());
+      assertEquals(0, f.bodyBuffers().outstanding(), "every chunk buffer released");
+      assertTrue(f.bodyBuffers().cachedBytes() > 0, "chunk buffers kept for reuse");
+
+      s1.corruptChunks.set(1000);
+      s2.corruptChunks.set(1000);
+      SluiceException e = assertThrows(SluiceException.class, () -> {
+        try (ShuffleReaderClient r = new ShuffleReaderClient(f, big, APP, 1, a, 0, 0, 1)) {
+          while (r.hasNext()) {
+            r.next();
+          }
+        }
+      });
+      assertEquals(ErrorCode.CHECKSUM_MISMATCH, e.code(), e.getMessage());
+      // Chunks still on their way when the reader gave up are released as they arrive.
+      long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+      while (f.bodyBuffers().outstanding() != 0 && System.nanoTime() < deadline) {
+        Thread.sleep(10);
+      }
+      assertEquals(0, f.bodyBuffers().outstanding(), "every chunk buffer released");
+    }
   }
 
   @Test

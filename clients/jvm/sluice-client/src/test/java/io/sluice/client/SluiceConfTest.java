@@ -24,6 +24,11 @@ class SluiceConfTest {
     assertEquals(1 << 20, c.maxReadBytes());
     assertEquals(64 << 10, SluiceConf.fromMap(Map.of("sluice.client.maxReadBytes", "64k"))
         .maxReadBytes());
+    assertEquals(64L << 20, c.fetchBufferCacheBytes());
+    assertEquals(0, SluiceConf.fromMap(Map.of("sluice.client.fetchBufferCacheBytes", "0"))
+        .fetchBufferCacheBytes());
+    assertEquals(256L << 20, SluiceConf.fromMap(
+        Map.of("sluice.client.fetchBufferCacheBytes", "256m")).fetchBufferCacheBytes());
     assertFalse(c.prefetchNextPartition());
     assertTrue(SluiceConf.fromMap(Map.of("sluice.client.prefetchNextPartition", "true"))
         .prefetchNextPartition());
@@ -69,6 +74,8 @@ class SluiceConfTest {
         () -> SluiceConf.fromMap(Map.of("sluice.client.prefetchNextPartition", "yes")));
     assertThrows(IllegalArgumentException.class,
         () -> SluiceConf.fromMap(Map.of("sluice.client.maxReadBytes", "1k")));
+    assertThrows(IllegalArgumentException.class,
+        () -> SluiceConf.fromMap(Map.of("sluice.client.fetchBufferCacheBytes", "-1")));
     // A push batch must fit well inside a frame.
     assertThrows(IllegalArgumentException.class,
         () -> SluiceConf.fromMap(Map.of("sluice.client.pushBatchBytes", "64m")));
