@@ -13,7 +13,7 @@ use clap::Args;
 use serde_json::json;
 use sluice_client::{ClientOptions, ShuffleClient};
 
-use crate::cluster::{cpu_seconds, Cluster, ClusterSpec};
+use crate::cluster::{cpu_seconds, metric, Cluster, ClusterSpec};
 use crate::local::parse_size;
 use crate::workload::secs;
 
@@ -109,6 +109,12 @@ async fn one_count(args: &ConnArgs, n: u32) -> anyhow::Result<serde_json::Value>
     let push_cpu = cpu_seconds(server.pid()) - cpu0;
     let threads_push = threads_of(server.pid());
     let rss_after_push = server.rss_bytes();
+    // Memory pressure while pushing: pushes the server held until its flushers made room, and
+    // pushes it answered `Busy` (each sent again after a back-off).
+    let (held, busy) = (
+        metric(server, "sluice_server_pushes_held_total"),
+        metric(server, "sluice_server_busy_replies_total"),
+    );
     let stored: u64 = clients[0].commit_shuffle(&a).await?.iter().sum();
     anyhow::ensure!(stored >= pushed, "server stored {stored} bytes of {pushed} pushed");
 
@@ -147,6 +153,8 @@ async fn one_count(args: &ConnArgs, n: u32) -> anyhow::Result<serde_json::Value>
         "rss_allowed_bytes": allowed,
         "rss_within": peak <= allowed,
         "server_threads": threads_push,
+        "pushes_held": held,
+        "busy_replies": busy,
         "load": super::transport::loadavg(),
     }))
 }
@@ -186,7 +194,7 @@ pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
         args.bytes as f64 / (1u64 << 30) as f64
     );
     println!(
-        "  {:>6} {:>9} {:>7} {:>10} {:>7} {:>14} {:>12} {:>8} {:>6}",
+        "  {:>6} {:>9} {:>7} {:>10} {:>7} {:>14} {:>12} {:>8} {:>6} {:>6} {:>6}",
         "conns",
         "push GB/s",
         "vs 1st",
@@ -195,13 +203,15 @@ pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
         "peak RSS MiB",
         "allowed MiB",
         "threads",
+        "held",
+        "busy",
         "load"
     );
     for r in &rows {
         let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
         let mib = |k: &str| r[k].as_u64().unwrap_or(0) as f64 / 1048576.0;
         println!(
-            "  {:>6} {:>9.2} {:>7.2} {:>10.2} {:>7.2} {:>14.0} {:>12.0} {:>8} {:>6}",
+            "  {:>6} {:>9.2} {:>7.2} {:>10.2} {:>7.2} {:>14.0} {:>12.0} {:>8} {:>6} {:>6} {:>6}",
             r["connections"].as_u64().unwrap_or(0),
             f("push_gbps"),
             f("push_vs_first"),
@@ -210,6 +220,8 @@ pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
             mib("server_peak_rss_bytes"),
             mib("rss_allowed_bytes"),
             r["server_threads"].as_u64().unwrap_or(0),
+            r["pushes_held"].as_u64().unwrap_or(0),
+            r["busy_replies"].as_u64().unwrap_or(0),
             r["load"].as_str().unwrap_or("").split(' ').next().unwrap_or("")
         );
     }
