@@ -99,9 +99,12 @@ fn bench_connections_reads_back_every_byte_at_each_count() {
         "20M",
         "--memory-budget",
         "32M",
+        "--rounds",
+        "2",
     ]);
     let rows = j["rows"].as_array().unwrap_or_else(|| panic!("no rows in {j}"));
     assert_eq!(rows.len(), 2, "{j}");
+    assert_eq!(j["rounds"].as_u64(), Some(2), "{j}");
     for (r, want) in rows.iter().zip([2u64, 40]) {
         let n = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("no number {k} in {r}"));
         assert_eq!(r["connections"].as_u64(), Some(want), "{r}");
@@ -110,7 +113,17 @@ fn bench_connections_reads_back_every_byte_at_each_count() {
         assert!(n("server_peak_rss_bytes") > 0.0 && n("server_threads") >= 1.0, "{r}");
         let allowed = (32u64 << 20) + (64 << 20) + (64 << 10) * want;
         assert_eq!(r["rss_allowed_bytes"].as_u64(), Some(allowed), "{r}");
+        // Each count ran once a round, the rows' GB/s the median of those runs.
+        let runs = r["runs"].as_array().unwrap_or_else(|| panic!("no runs in {r}"));
+        assert_eq!(runs.len(), 2, "{r}");
+        let push: Vec<f64> = runs.iter().map(|x| x["push_gbps"].as_f64().unwrap()).collect();
+        assert!((n("push_gbps") - (push[0] + push[1]) / 2.0).abs() < 1e-9, "{r}");
+        let peak = runs.iter().map(|x| x["server_peak_rss_bytes"].as_u64().unwrap()).max();
+        assert_eq!(r["server_peak_rss_bytes"].as_u64(), peak, "{r}");
     }
+    // The first round ran 2 connections first, the second 40 first.
+    let seq = |row: usize, round: usize| rows[row]["runs"][round]["seq"].as_u64().unwrap();
+    assert_eq!((seq(0, 0), seq(1, 0), seq(1, 1), seq(0, 1)), (0, 1, 2, 3), "{j}");
     assert_eq!(rows[0]["push_vs_first"].as_f64(), Some(1.0), "{j}");
 }
 

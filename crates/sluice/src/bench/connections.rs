@@ -4,6 +4,12 @@
 //! its own, all at once; after the commit each reads its partition back, all at once. Prints per N
 //! the push and fetch GB/s, their ratio to the smallest N's, the server's peak RSS against the
 //! budget + 64 MiB + 64 KiB per connection, and its thread count (no thread per connection).
+//!
+//! With `--rounds N` every count runs N times, the order of the counts reversed every other
+//! round (10, 100, 1,000, then 1,000, 100, 10, …), so that neither the first run after a start
+//! (the bench's own memory touched for the first time) nor a drift of the machine's speed
+//! lands on one count alone; a count's row then holds the median of its runs' GB/s, its
+//! highest peak RSS, and every run's figures.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -32,6 +38,9 @@ pub struct ConnArgs {
     /// The server's memory budget.
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     pub memory_budget: u64,
+    /// Runs of every count, the counts' order reversed every other round; rows give medians.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: u32,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -164,15 +173,29 @@ pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
     let most = args.counts.iter().copied().max().unwrap_or(0) as u64;
     // Each client's socket here, the server's end of it and a file per partition there.
     let limit = raise_nofile(3 * most + 256)?;
-    let mut rows = Vec::new();
-    for &n in &args.counts {
-        anyhow::ensure!(n > 0, "a count of 0 clients");
-        let row = one_count(&args, n).await.with_context(|| format!("{n} connections"))?;
-        if !args.json {
-            eprintln!("{n} connections done: {row}");
+    anyhow::ensure!(args.rounds > 0, "--rounds must be at least 1");
+    anyhow::ensure!(!args.counts.is_empty(), "--counts names no count");
+    anyhow::ensure!(args.counts.iter().all(|&n| n > 0), "a count of 0 clients");
+    let mut runs: Vec<Vec<serde_json::Value>> = vec![Vec::new(); args.counts.len()];
+    let mut seq = 0u32;
+    for round in 0..args.rounds {
+        let mut order: Vec<usize> = (0..args.counts.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
         }
-        rows.push(row);
+        for i in order {
+            let n = args.counts[i];
+            let mut row = one_count(&args, n).await.with_context(|| format!("{n} connections"))?;
+            row["round"] = json!(round);
+            row["seq"] = json!(seq); // the run's place in the bench's order
+            seq += 1;
+            if !args.json {
+                eprintln!("{n} connections, round {round} done: {row}");
+            }
+            runs[i].push(row);
+        }
     }
+    let mut rows: Vec<serde_json::Value> = runs.into_iter().map(summarize).collect();
     let (p0, f0) = (rows[0]["push_gbps"].as_f64(), rows[0]["fetch_gbps"].as_f64());
     for r in &mut rows {
         r["push_vs_first"] = json!(r["push_gbps"].as_f64().zip(p0).map(|(a, b)| a / b));
@@ -182,6 +205,7 @@ pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
         "bench": "connections",
         "memory_budget_bytes": args.memory_budget,
         "nofile_limit": limit,
+        "rounds": args.rounds,
         "rows": rows,
     });
     if args.json {
@@ -189,9 +213,10 @@ pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "bench connections: one server (budget {} MiB, data on tmpfs), {:.2} GiB pushed and read back per count",
+        "bench connections: one server (budget {} MiB, data on tmpfs), {:.2} GiB pushed and read back per run, {} run(s) per count (medians)",
         args.memory_budget >> 20,
-        args.bytes as f64 / (1u64 << 30) as f64
+        args.bytes as f64 / (1u64 << 30) as f64,
+        args.rounds
     );
     println!(
         "  {:>6} {:>9} {:>7} {:>10} {:>7} {:>14} {:>12} {:>8} {:>6} {:>6} {:>6}",
@@ -226,4 +251,37 @@ pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// One count's row from its runs (in the order run): the median push and fetch GB/s and server
+/// CPU per GB, the highest peak RSS (the bound must hold in every run), held and `Busy` pushes
+/// summed, and every run's row under `runs`.
+fn summarize(runs: Vec<serde_json::Value>) -> serde_json::Value {
+    let median = |k: &str| {
+        let mut v: Vec<f64> = runs.iter().filter_map(|r| r[k].as_f64()).collect();
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => None,
+            n if n % 2 == 1 => Some(v[n / 2]),
+            n => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+        }
+    };
+    let max = |k: &str| runs.iter().filter_map(|r| r[k].as_u64()).max();
+    let sum = |k: &str| runs.iter().filter_map(|r| r[k].as_u64()).sum::<u64>();
+    let mut row = runs[0].clone();
+    for k in ["push_gbps", "fetch_gbps", "push_server_cpu_s_per_gb", "fetch_server_cpu_s_per_gb"] {
+        row[k] = json!(median(k));
+    }
+    for k in ["server_peak_rss_bytes", "server_rss_after_push_bytes", "server_threads"] {
+        row[k] = json!(max(k));
+    }
+    row["pushes_held"] = json!(sum("pushes_held"));
+    row["busy_replies"] = json!(sum("busy_replies"));
+    row["rss_within"] = json!(runs.iter().all(|r| r["rss_within"].as_bool() == Some(true)));
+    if let Some(o) = row.as_object_mut() {
+        o.remove("round");
+        o.remove("seq");
+    }
+    row["runs"] = json!(runs);
+    row
 }
