@@ -5,6 +5,10 @@
 //! the push and fetch GB/s, their ratio to the smallest N's, the server's peak RSS against the
 //! budget + 64 MiB + 64 KiB per connection, and its thread count (no thread per connection).
 //!
+//! The clients together keep at most `--inflight-total` bytes unacknowledged (each a share, at
+//! least one batch), whatever their count: the server sees as much in flight at 1,000
+//! connections as at 10.
+//!
 //! With `--rounds N` every count runs N times, the order of the counts reversed every other
 //! round (10, 100, 1,000, then 1,000, 100, 10, …), so that neither the first run after a start
 //! (the bench's own memory touched for the first time) nor a drift of the machine's speed
@@ -38,6 +42,13 @@ pub struct ConnArgs {
     /// The server's memory budget.
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     pub memory_budget: u64,
+    /// Bytes all clients together may have pushed and not yet had acknowledged: each client's
+    /// window is this ÷ the count, at least one batch (10 clients: the client's default 16 MiB
+    /// each). Without it, 1,000 windows of 16 MiB would let every client hold all its bytes at
+    /// once: ~1 GiB this one process touches for the first time, which the figure would then
+    /// measure instead of the server.
+    #[arg(long, default_value = "160M", value_parser = parse_size)]
+    pub inflight_total: u64,
     /// Runs of every count, the counts' order reversed every other round; rows give medians.
     #[arg(long, default_value_t = 1)]
     pub rounds: u32,
@@ -81,12 +92,14 @@ async fn one_count(args: &ConnArgs, n: u32) -> anyhow::Result<serde_json::Value>
     })?;
     cluster.wait_ready().await?;
     let server = &cluster.servers[0];
+    let window = (args.inflight_total / n as u64).max(args.batch_bytes);
     let opts = || {
         let mut o = ClientOptions {
             coordinators: vec![cluster.coordinator.addr.to_string()],
             ..ClientOptions::default()
         };
         o.transport.connections_per_peer = 1;
+        o.max_inflight_bytes = window as usize;
         o
     };
     let app = format!("bench-conn-{n}");
@@ -163,6 +176,7 @@ async fn one_count(args: &ConnArgs, n: u32) -> anyhow::Result<serde_json::Value>
         "rss_within": peak <= allowed,
         "server_threads": threads_push,
         "pushes_held": held,
+        "client_inflight_bytes": window,
         "busy_replies": busy,
         "load": super::transport::loadavg(),
     }))
@@ -206,6 +220,7 @@ pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
         "memory_budget_bytes": args.memory_budget,
         "nofile_limit": limit,
         "rounds": args.rounds,
+        "inflight_total_bytes": args.inflight_total,
         "rows": rows,
     });
     if args.json {
@@ -213,8 +228,9 @@ pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "bench connections: one server (budget {} MiB, data on tmpfs), {:.2} GiB pushed and read back per run, {} run(s) per count (medians)",
+        "bench connections: one server (budget {} MiB, data on tmpfs), clients {} MiB in flight together, {:.2} GiB pushed and read back per run, {} run(s) per count (medians)",
         args.memory_budget >> 20,
+        args.inflight_total >> 20,
         args.bytes as f64 / (1u64 << 30) as f64,
         args.rounds
     );
