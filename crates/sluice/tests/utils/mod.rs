@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod openapi;
+pub mod tier;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
