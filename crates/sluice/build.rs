@@ -101,7 +101,9 @@ fn minidfs() {
             println!("cargo::rustc-cfg=no_minidfs");
         }
         _ => {
-            println!("cargo::warning=HDFS TESTS NOT RUN: tests/hdfs is not built (make hdfs-server)");
+            println!(
+                "cargo::warning=HDFS TESTS NOT RUN: tests/hdfs is not built (make hdfs-server)"
+            );
             println!("cargo::rustc-cfg=no_minidfs");
         }
     }

@@ -39,11 +39,12 @@ impl MiniDfs {
     /// Starts one over `scratch/minidfs`; waits (≤ 180 s: a JVM and a cluster, on a loaded
     /// machine) for the URL it prints once it takes requests.
     fn start(scratch: &Path) -> MiniDfs {
-        let (java, classpath) = match (option_env!("SLUICE_JAVA_BIN"), option_env!("SLUICE_MINIDFS_CP")) {
-            (Some(j), Some(cp)) => (j, cp),
-            // Only a test `cfg(no_minidfs)` leaves enabled gets here.
-            _ => panic!("build.rs found no Java or no MiniDFS build, yet the test runs"),
-        };
+        let (java, classpath) =
+            match (option_env!("SLUICE_JAVA_BIN"), option_env!("SLUICE_MINIDFS_CP")) {
+                (Some(j), Some(cp)) => (j, cp),
+                // Only a test `cfg(no_minidfs)` leaves enabled gets here.
+                _ => panic!("build.rs found no Java or no MiniDFS build, yet the test runs"),
+            };
         let log = scratch.join("minidfs.log");
         let mut child = Command::new(java)
             .args(["-Xmx512m", "-cp", classpath, "sluice.minidfs.MiniHdfs"])
@@ -60,10 +61,13 @@ impl MiniDfs {
             let _ = BufReader::new(stdout).read_line(&mut line);
             let _ = tx.send(line);
         });
-        let mut dfs = MiniDfs { _stdin: child.stdin.take(), child: Some(child), url: String::new(), log };
+        let mut dfs =
+            MiniDfs { _stdin: child.stdin.take(), child: Some(child), url: String::new(), log };
         match rx.recv_timeout(Duration::from_secs(180)) {
             Ok(line) if line.starts_with("hdfs://") => dfs.url = line.trim().to_owned(),
-            Ok(line) => panic!("the MiniDFS did not start (it printed {line:?}): {}", dfs.log_text()),
+            Ok(line) => {
+                panic!("the MiniDFS did not start (it printed {line:?}): {}", dfs.log_text())
+            }
             Err(_) => panic!("the MiniDFS did not start within 180 s: {}", dfs.log_text()),
         }
         dfs

@@ -11,14 +11,11 @@
 
 mod utils;
 
-use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_proto::message::Assignment;
 use sluice_proto::ErrorCode;
 use utils::tier::*;
 use utils::*;
