@@ -132,14 +132,7 @@ async fn committed_partitions_move_to_hdfs_are_served_from_it_and_a_dead_hdfs_is
     bounded("committed_partitions_move_to_hdfs", 300, async {
         let scratch = Scratch::new();
         let mut dfs = MiniDfs::start(scratch.path());
-        let mut r = Restartable {
-            dirs: vec![scratch.path().join("d1"), scratch.path().join("d2")],
-            sets: dfs.server_sets(),
-            scratch,
-            addr: "127.0.0.1:0".parse().unwrap(),
-        };
-        let mut server = r.start();
-        r.addr = server.addr;
+        let (r, mut server) = Restartable::start_in(scratch, dfs.server_sets());
         let client = client("hdfs-app", None);
 
         // Two partitions of 300 records of 20 kB: 6 MB each, a multipart upload and six
@@ -188,30 +181,9 @@ async fn committed_partitions_move_to_hdfs_are_served_from_it_and_a_dead_hdfs_is
         check_all(&client, &a, &want).await;
         assert!(r.data_files().is_empty(), "the restarted server holds partition files again");
 
-        // Some batches read, then HDFS dies: the reader gets STORAGE_FAILED (retriable) within
-        // the bound, and every record it delivered before is sound.
-        let mut reader = client.reader(&a, 0, 0, MAPS).await.unwrap();
-        let mut before = Vec::new();
-        for _ in 0..5 {
-            let batch = reader.next_batch().await.unwrap().expect("more batches");
-            before.extend(parse_records(&batch));
-        }
-        dfs.kill();
-        let failed = loop {
-            match reader.next_batch().await {
-                Ok(Some(batch)) => before.extend(parse_records(&batch)),
-                Ok(None) => panic!("the whole partition was read with HDFS down"),
-                Err(e) => break e,
-            }
-        };
-        assert_eq!(failed.code(), ErrorCode::StorageFailed, "{failed}");
-        assert!(failed.is_retriable(), "{failed}");
-        assert!(before.len() < want[0].len(), "the read did not stop");
-        for (id, _) in &before {
-            assert!(want[0].contains(id), "record {id:?} was never written");
-        }
-        assert!(server.log_text().contains("object store read failed"), "no log line");
-        assert!(metric_of(&server, "sluice_server_object_store_errors_total").await >= 1.0);
+        // Some batches read, then HDFS dies: the reader gets STORAGE_FAILED (retriable)
+        // within the bound, and every record it delivered before is sound.
+        check_store_killed_mid_read(&client, &a, &want[0], &server, || dfs.kill()).await;
 
         // A retry while HDFS is down fails the same way, within the bound (2 s × 2 + 1 s).
         let started = std::time::Instant::now();

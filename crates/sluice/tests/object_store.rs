@@ -147,14 +147,7 @@ impl Drop for Store {
 async fn committed_partitions_move_to_the_store_and_are_served_from_it_also_after_a_restart() {
     bounded("committed_partitions_move_to_the_store", 120, async {
         let (scratch, store) = started();
-        let mut r = Restartable {
-            dirs: vec![scratch.path().join("d1"), scratch.path().join("d2")],
-            sets: store.server_sets(),
-            scratch,
-            addr: "127.0.0.1:0".parse().unwrap(),
-        };
-        let mut server = r.start();
-        r.addr = server.addr;
+        let (r, mut server) = Restartable::start_in(scratch, store.server_sets());
         let client = client("offload-app", None);
         let a = assignment(1, &[r.addr], 4);
         let want = write_shuffle(&client, &a, 30).await;
@@ -212,29 +205,8 @@ async fn a_store_killed_mid_read_is_a_retriable_error_and_the_read_succeeds_once
         assert!(uploaded > 5_242_880.0, "{uploaded} bytes: not a multipart upload");
 
         // Some batches read, then the store dies: the reader gets STORAGE_FAILED (retriable)
-        // within the store's bounds, and every record it delivered before is sound.
-        let mut reader = client.reader(&a, 0, 0, MAPS).await.unwrap();
-        let mut before = Vec::new();
-        for _ in 0..5 {
-            let b = reader.next_batch().await.unwrap().expect("more batches");
-            before.extend(parse_records(&b));
-        }
-        store.kill();
-        let failed = loop {
-            match reader.next_batch().await {
-                Ok(Some(b)) => before.extend(parse_records(&b)),
-                Ok(None) => panic!("the whole partition was read with the store down"),
-                Err(e) => break e,
-            }
-        };
-        assert_eq!(failed.code(), ErrorCode::StorageFailed, "{failed}");
-        assert!(failed.is_retriable(), "{failed}");
-        assert!(before.len() < want[0].len(), "the read did not stop");
-        for (id, _) in &before {
-            assert!(want[0].contains(id), "record {id:?} was never written");
-        }
-        assert!(server.log_text().contains("object store read failed"), "no log line");
-        assert!(metric_of(&server, "sluice_server_object_store_errors_total").await >= 1.0);
+        // within the bound, and every record it delivered before is sound.
+        check_store_killed_mid_read(&client, &a, &want[0], &server, || store.kill()).await;
 
         // A retry while the store is down fails the same way, quickly.
         let again = read_partition(&client, &a, 0, 0, MAPS).await;

@@ -1,48 +1,18 @@
-//! What the object-store tests (`object_store.rs` on S3, `hdfs.rs` on HDFS) share: a restartable
-//! server, a shuffle written and committed, every partition read back and checked, the metrics
-//! they wait for.
+//! What the object-store tests (`object_store.rs` on S3, `hdfs.rs` on HDFS) share: a shuffle
+//! written and committed, every partition read back and checked, a read the store's death
+//! cuts off, the metrics they wait for.
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_proto::message::Assignment;
+use sluice_proto::ErrorCode;
 
 use super::*;
 
 /// Maps of each test shuffle.
 pub const MAPS: u32 = 3;
-
-/// A server on two fixed directories and a fixed port, restartable (the shuffle's files, and
-/// so the copies of its commit record, may be on either or both).
-pub struct Restartable {
-    pub scratch: Scratch,
-    pub dirs: Vec<PathBuf>,
-    pub addr: SocketAddr,
-    pub sets: Vec<String>,
-}
-
-impl Restartable {
-    pub fn start(&self) -> Proc {
-        self.scratch.server(&ServerSpec {
-            data_dirs: self.dirs.clone(),
-            metrics: true,
-            listen: (self.addr.port() != 0).then_some(self.addr),
-            sets: self.sets.clone(),
-            ..Default::default()
-        })
-    }
-
-    pub fn files(&self, name: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
-        self.dirs.iter().flat_map(|d| files_under(d)).filter(|f| name(f)).collect()
-    }
-
-    pub fn data_files(&self) -> Vec<PathBuf> {
-        self.files(|f| f.extension().is_some_and(|e| e == "data"))
-    }
-}
 
 /// Writes and commits shuffle `a`: MAPS maps of `per_map` batches (one 20 000-byte record
 /// each) over its partitions; returns the records each partition must hold.
@@ -103,4 +73,39 @@ pub async fn wait_metric(p: &Proc, name: &str, at_least: f64, secs: u64) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Reads 5 batches of partition 0 of `a` (which must hold `want`, and more than 5 batches),
+/// runs `kill_store`, and reads on: the reader must get `STORAGE_FAILED` (retriable) before the
+/// partition's end, every record it delivered be one written, and `server` have logged and
+/// counted the failure.
+pub async fn check_store_killed_mid_read(
+    client: &sluice_client::ShuffleClient,
+    a: &Assignment,
+    want: &BTreeSet<RecordId>,
+    server: &Proc,
+    kill_store: impl FnOnce(),
+) {
+    let mut reader = client.reader(a, 0, 0, MAPS).await.unwrap();
+    let mut before = Vec::new();
+    for _ in 0..5 {
+        let b = reader.next_batch().await.unwrap().expect("more batches");
+        before.extend(parse_records(&b));
+    }
+    kill_store();
+    let failed = loop {
+        match reader.next_batch().await {
+            Ok(Some(b)) => before.extend(parse_records(&b)),
+            Ok(None) => panic!("the whole partition was read with the store down"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(failed.code(), ErrorCode::StorageFailed, "{failed}");
+    assert!(failed.is_retriable(), "{failed}");
+    assert!(before.len() < want.len(), "the read did not stop");
+    for (id, _) in &before {
+        assert!(want.contains(id), "record {id:?} was never written");
+    }
+    assert!(server.log_text().contains("object store read failed"), "no log line");
+    assert!(metric_of(server, "sluice_server_object_store_errors_total").await >= 1.0);
 }
