@@ -37,8 +37,13 @@ fn chromium() -> Option<std::path::PathBuf> {
     if let Some(p) = std::env::var_os("SLUICE_CHROMIUM") {
         return Some(p.into()).filter(|p: &std::path::PathBuf| p.is_file());
     }
+    on_path("chromium")
+}
+
+/// `name` in a directory of the `PATH`.
+fn on_path(name: &str) -> Option<std::path::PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join("chromium")).find(|p| p.is_file())
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
 }
 
 /// `$SLUICE_S3S_FS`, else `target/tools/bin/s3s-fs` of this workspace, else `s3s-fs` on the
@@ -54,10 +59,7 @@ fn s3_server() {
     println!("cargo::rerun-if-changed={}", installed.display());
     let found = match std::env::var_os("SLUICE_S3S_FS") {
         Some(p) => Some(std::path::PathBuf::from(p)).filter(|p| p.is_file()),
-        None => Some(installed).filter(|p| p.is_file()).or_else(|| {
-            let path = std::env::var_os("PATH")?;
-            std::env::split_paths(&path).map(|d| d.join("s3s-fs")).find(|p| p.is_file())
-        }),
+        None => Some(installed).filter(|p| p.is_file()).or_else(|| on_path("s3s-fs")),
     };
     match found {
         Some(p) => {
@@ -84,10 +86,7 @@ fn minidfs() {
     let java = std::env::var_os("JAVA_HOME")
         .map(|h| std::path::PathBuf::from(h).join("bin/java"))
         .filter(|p| p.is_file())
-        .or_else(|| {
-            let path = std::env::var_os("PATH")?;
-            std::env::split_paths(&path).map(|d| d.join("java")).find(|p| p.is_file())
-        });
+        .or_else(|| on_path("java"));
     let jars = std::fs::read_to_string(&listed).ok().filter(|s| !s.trim().is_empty());
     let built = classes.join("sluice/minidfs/MiniHdfs.class").is_file();
     match (java, jars) {

@@ -13,8 +13,8 @@
 mod utils;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::path::Path;
+use std::process::{ChildStdin, Command, Stdio};
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
@@ -28,11 +28,10 @@ const PREFIX: &str = "sluice-test";
 
 /// A running MiniDFSCluster (killed on drop; it also stops when its stdin closes).
 struct MiniDfs {
-    child: Option<Child>,
+    process: StoreProcess,
     /// Held open: the cluster runs until it closes.
     _stdin: Option<ChildStdin>,
     url: String,
-    log: PathBuf,
 }
 
 impl MiniDfs {
@@ -61,8 +60,11 @@ impl MiniDfs {
             let _ = BufReader::new(stdout).read_line(&mut line);
             let _ = tx.send(line);
         });
-        let mut dfs =
-            MiniDfs { _stdin: child.stdin.take(), child: Some(child), url: String::new(), log };
+        let mut dfs = MiniDfs {
+            _stdin: child.stdin.take(),
+            process: StoreProcess { child: Some(child), log },
+            url: String::new(),
+        };
         match rx.recv_timeout(Duration::from_secs(180)) {
             Ok(line) if line.starts_with("hdfs://") => dfs.url = line.trim().to_owned(),
             Ok(line) => {
@@ -75,14 +77,11 @@ impl MiniDfs {
 
     /// SIGKILLs the cluster (NameNode and DataNode at once; connections drop mid-answer).
     fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.process.kill();
     }
 
     fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.process.log_text()
     }
 
     /// The objects under [`PREFIX`], by key, through a client of its own.
@@ -112,12 +111,6 @@ impl MiniDfs {
             "object_store.upload_part_bytes=5242880".into(),
         ]
         .to_vec()
-    }
-}
-
-impl Drop for MiniDfs {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 

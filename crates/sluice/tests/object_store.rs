@@ -13,7 +13,7 @@ mod utils;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use sluice_proto::ErrorCode;
@@ -35,10 +35,9 @@ fn s3s_fs() -> &'static str {
 
 /// A running `s3s-fs` on 127.0.0.1:`port` over `root` (killed on drop).
 struct Store {
-    child: Option<Child>,
+    process: StoreProcess,
     root: PathBuf,
     port: u16,
-    log: PathBuf,
 }
 
 impl Store {
@@ -50,14 +49,19 @@ impl Store {
             let l = TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()
         };
-        let mut s = Store { child: None, root, port, log: scratch.join("s3s-fs.log") };
+        let mut s = Store {
+            process: StoreProcess { child: None, log: scratch.join("s3s-fs.log") },
+            root,
+            port,
+        };
         s.restart();
         s
     }
 
     /// (Re)starts the store on its port and root; waits (≤ 20 s) until it takes connections.
     fn restart(&mut self) {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(&self.process.log).unwrap();
         let child = Command::new(s3s_fs())
             .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
             .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
@@ -67,7 +71,7 @@ impl Store {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", s3s_fs()));
-        self.child = Some(child);
+        self.process.child = Some(child);
         let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
         for _ in 0..400 {
             if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
@@ -81,21 +85,18 @@ impl Store {
     /// Sends `signal` (`STOP`, `CONT`) to the store: a stopped store takes connections (the
     /// kernel's backlog) and answers nothing.
     fn signal(&self, signal: &str) {
-        let pid = self.child.as_ref().expect("store running").id().to_string();
+        let pid = self.process.child.as_ref().expect("store running").id().to_string();
         let ok = Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap();
         assert!(ok.success(), "kill -{signal} {pid}");
     }
 
     /// SIGKILLs the store (connections drop mid-answer).
     fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.process.kill();
     }
 
     fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.process.log_text()
     }
 
     /// The objects the store holds (files under its bucket's directory, its own bookkeeping
@@ -134,12 +135,6 @@ fn started() -> (Scratch, Store) {
     let scratch = Scratch::new();
     let store = Store::start(scratch.path());
     (scratch, store)
-}
-
-impl Drop for Store {
-    fn drop(&mut self) {
-        self.kill();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

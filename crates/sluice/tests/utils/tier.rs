@@ -3,6 +3,8 @@
 //! cuts off, the metrics they wait for.
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Child;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +15,32 @@ use super::*;
 
 /// Maps of each test shuffle.
 pub const MAPS: u32 = 3;
+
+/// A store's process, when running, and its log file; SIGKILLed on drop.
+pub struct StoreProcess {
+    pub child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl StoreProcess {
+    /// SIGKILLs the process (connections drop mid-answer).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for StoreProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
 
 /// Writes and commits shuffle `a`: MAPS maps of `per_map` batches (one 20 000-byte record
 /// each) over its partitions; returns the records each partition must hold.
