@@ -82,14 +82,6 @@ impl Store {
         panic!("s3s-fs did not listen on {addr} within 20 s: {}", self.log_text());
     }
 
-    /// Sends `signal` (`STOP`, `CONT`) to the store: a stopped store takes connections (the
-    /// kernel's backlog) and answers nothing.
-    fn signal(&self, signal: &str) {
-        let pid = self.process.child.as_ref().expect("store running").id().to_string();
-        let ok = Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap();
-        assert!(ok.success(), "kill -{signal} {pid}");
-    }
-
     /// SIGKILLs the store (connections drop mid-answer).
     fn kill(&mut self) {
         self.process.kill();
@@ -213,11 +205,11 @@ async fn a_store_killed_mid_read_is_a_retriable_error_and_the_read_succeeds_once
 
         // A store that hangs (stopped: connections accepted, nothing answered) is the same
         // retriable error within its bound (1.5 s a request, one retry, + 1 s), not a hang.
-        store.signal("STOP");
+        store.process.signal("STOP");
         let started = std::time::Instant::now();
         let hung = read_partition(&client, &a, 0, 0, MAPS).await;
         let waited = started.elapsed();
-        store.signal("CONT");
+        store.process.signal("CONT");
         assert_eq!(code(hung), ErrorCode::StorageFailed);
         assert!(waited < Duration::from_secs(15), "a hung store held the read {waited:?}");
         check_all(&client, &a, &want).await;

@@ -23,6 +23,15 @@ pub struct StoreProcess {
 }
 
 impl StoreProcess {
+    /// Sends `signal` (`STOP`, `CONT`) to the process: a stopped store takes connections (the
+    /// kernel's backlog) and answers nothing.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("store running").id().to_string();
+        let mut kill = std::process::Command::new("kill");
+        let ok = kill.args([&format!("-{signal}"), &pid]).status().unwrap();
+        assert!(ok.success(), "kill -{signal} {pid}");
+    }
+
     /// SIGKILLs the process (connections drop mid-answer).
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
