@@ -176,14 +176,7 @@ async fn committed_partitions_move_to_hdfs_are_served_from_it_and_a_dead_hdfs_is
 
         // An HDFS that hangs (stopped: connections accepted, nothing answered) is a retriable
         // error within the bound (2 s × 2 + 1 s a chunk), not a hang; resumed, it serves again.
-        dfs.process.signal("STOP");
-        let started = std::time::Instant::now();
-        let hung = read_partition(&client, &a, 1, 0, MAPS).await;
-        let waited = started.elapsed();
-        dfs.process.signal("CONT");
-        assert_eq!(code(hung), ErrorCode::StorageFailed);
-        assert!(waited < Duration::from_secs(15), "a hung HDFS held the read {waited:?}");
-        check_all(&client, &a, &want).await;
+        check_store_hang(&client, &a, &want, &dfs.process).await;
 
         // Some batches read, then HDFS dies: the reader gets STORAGE_FAILED (retriable)
         // within the bound, and every record it delivered before is sound.

@@ -146,3 +146,22 @@ pub async fn check_store_killed_mid_read(
     assert!(server.log_text().contains("object store read failed"), "no log line");
     assert!(metric_of(server, "sluice_server_object_store_errors_total").await >= 1.0);
 }
+
+/// Stops the store (`SIGSTOP`: connections accepted, nothing answered) while partition 0 of
+/// `a` is read: the read must fail with `STORAGE_FAILED` well within 15 s, not hang; then
+/// resumes it (`SIGCONT`) and checks every partition reads back as `want`.
+pub async fn check_store_hang(
+    client: &sluice_client::ShuffleClient,
+    a: &Assignment,
+    want: &[BTreeSet<RecordId>],
+    store: &StoreProcess,
+) {
+    store.signal("STOP");
+    let started = std::time::Instant::now();
+    let hung = read_partition(client, a, 0, 0, MAPS).await;
+    let waited = started.elapsed();
+    store.signal("CONT");
+    assert_eq!(code(hung), ErrorCode::StorageFailed);
+    assert!(waited < Duration::from_secs(15), "a hung store held the read {waited:?}");
+    check_all(client, a, want).await;
+}
