@@ -9,7 +9,7 @@
 CARGO ?= cargo
 SLUICE := target/release/sluice
 
-.PHONY: run test test-rust test-jvm test-spark test-deploy build deps lint bench vectors fuzz browser status-page-screenshot s3-server
+.PHONY: run test test-rust test-jvm test-spark test-deploy build deps lint bench vectors fuzz browser status-page-screenshot s3-server hdfs-server
 
 deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup) first" >&2; exit 1; }
@@ -44,7 +44,15 @@ s3-server: deps
 	@test -x $(S3S_FS) || $(CARGO) install s3s-fs --version $(S3S_FS_VERSION) --features binary --locked --root target/tools \
 	  || echo "OBJECT STORE TESTS NOT RUN: s3s-fs could not be installed (cargo install s3s-fs --features binary)" >&2
 
-test-rust: deps browser s3-server
+# The MiniDFSCluster the HDFS test starts (crates/sluice/tests/hdfs.rs): tests/hdfs compiled
+# against hadoop-client-minicluster from Maven Central (about 105 MB of jars into ~/.m2, once), its class
+# path written to tests/hdfs/target/classpath.txt. Without it, or without Java, that test is
+# reported as ignored, "HDFS TESTS NOT RUN".
+hdfs-server:
+	@mvn -q -B -f tests/hdfs/pom.xml compile \
+	  || echo "HDFS TESTS NOT RUN: the MiniDFS could not be built (mvn -f tests/hdfs/pom.xml compile)" >&2
+
+test-rust: deps browser s3-server hdfs-server
 	$(CARGO) test --workspace
 
 # Runs the browser test and replaces docs/status-page.png with its screenshot.

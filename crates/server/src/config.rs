@@ -99,18 +99,29 @@ pub struct ServerConfig {
     /// `object_store_bytes`; 0: no limit). None by default.
     pub quotas: crate::quota::QuotaConfig,
     /// The object-store tier (`[object_store]`): where committed partitions move when the data
-    /// directories fill up. `None` (no `bucket`): off, data stays on local disks.
+    /// directories fill up, S3 (`bucket`) or HDFS (`hdfs_url`). `None`: off, data stays on
+    /// local disks.
     pub object_store: Option<ObjectStoreConfig>,
 }
 
-/// An S3-compatible object store that committed partitions move to when the local disks pass
-/// [`ObjectStoreConfig::offload_high_watermark`], and are served back from by ranged reads.
+/// An S3-compatible object store, or an HDFS, that committed partitions move to when the local
+/// disks pass [`ObjectStoreConfig::offload_high_watermark`], and are served back from by ranged
+/// reads.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ObjectStoreConfig {
-    /// Bucket the partitions go to (it must exist). Required.
+    /// S3 bucket the partitions go to (it must exist). Required for S3, that is unless
+    /// `hdfs_url` is set.
     pub bucket: String,
-    /// Key prefix of every object this server writes (`<prefix>/<app>/<shuffle>/...`).
+    /// An HDFS instead of S3: the NameNode (`hdfs://host:port`) or the name service
+    /// (`hdfs://name`, resolved through the Hadoop configuration in `$HADOOP_CONF_DIR`). Empty:
+    /// S3. With it, the S3 settings (`bucket`, `endpoint`, the keys) must stay unset, and
+    /// `request_timeout_ms`, `max_retries` bound each operation as a whole only (HDFS has no
+    /// per-request bounds here); `connect_timeout_ms`, `region`, `allow_http` and `path_style`
+    /// do not apply.
+    pub hdfs_url: String,
+    /// Key prefix of every object this server writes (`<prefix>/<app>/<shuffle>/...`); on HDFS,
+    /// the directory under the root (`/<prefix>/<app>/<shuffle>/...`).
     pub prefix: String,
     /// Endpoint URL of an S3-compatible store (`http://host:port` for MinIO and the like);
     /// empty: AWS S3 of `region`.
@@ -154,6 +165,7 @@ impl Default for ObjectStoreConfig {
     fn default() -> Self {
         ObjectStoreConfig {
             bucket: String::new(),
+            hdfs_url: String::new(),
             prefix: "sluice".into(),
             endpoint: String::new(),
             region: "us-east-1".into(),
@@ -175,8 +187,26 @@ impl Default for ObjectStoreConfig {
 impl ObjectStoreConfig {
     /// Checks the values; the message names the field (`object_store.<field>`).
     pub fn validate(&self) -> Result<(), String> {
-        if self.bucket.is_empty() {
-            return Err("object_store.bucket: required when [object_store] is set".into());
+        if self.hdfs_url.is_empty() {
+            if self.bucket.is_empty() {
+                return Err("object_store.bucket: required when [object_store] is set (or \
+                            hdfs_url, for HDFS)"
+                    .into());
+            }
+        } else {
+            check_hdfs_url(&self.hdfs_url)?;
+            let s3 = [
+                ("bucket", &self.bucket),
+                ("endpoint", &self.endpoint),
+                ("access_key_id", &self.access_key_id),
+                ("secret_access_key", &self.secret_access_key),
+            ];
+            if let Some((name, _)) = s3.iter().find(|(_, v)| !v.is_empty()) {
+                return Err(format!(
+                    "object_store.{name}: an S3 setting, but hdfs_url is set (HDFS): set one \
+                     store or the other"
+                ));
+            }
         }
         let (lo, hi) = (self.offload_low_watermark, self.offload_high_watermark);
         if !(0.0 <= lo && lo < hi && hi <= 1.0) {
@@ -221,6 +251,28 @@ impl ObjectStoreConfig {
         }
         Ok(())
     }
+}
+
+/// Checks `object_store.hdfs_url`: `hdfs://` and an authority (NameNode `host:port` or a name
+/// service), no path (the directory is `prefix`).
+fn check_hdfs_url(url: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("object_store.hdfs_url: {url:?} {why}"));
+    let Some(rest) = url.strip_prefix("hdfs://") else {
+        return bad("is not an hdfs:// URL");
+    };
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    if authority.is_empty() {
+        return bad("names no NameNode (hdfs://host:port)");
+    }
+    if !path.is_empty() {
+        return bad("has a path: the directory is object_store.prefix");
+    }
+    if let Some((_, port)) = authority.rsplit_once(':') {
+        if port.parse::<u16>().is_err() {
+            return bad("has no valid port");
+        }
+    }
+    Ok(())
 }
 
 impl Default for ServerConfig {
@@ -339,5 +391,28 @@ mod tests {
             s.allow_http = true;
         };
         assert_eq!(with_store(http), Ok(()));
+    }
+
+    #[test]
+    fn hdfs_settings_are_checked_with_the_key_named() {
+        let hdfs = |url: &str, f: fn(&mut ObjectStoreConfig)| {
+            with_store(|s| {
+                s.bucket.clear();
+                s.hdfs_url = url.into();
+                f(s);
+            })
+        };
+        assert_eq!(hdfs("hdfs://127.0.0.1:9000", |_| {}), Ok(()));
+        assert_eq!(hdfs("hdfs://nameservice", |_| {}), Ok(()));
+        assert_eq!(hdfs("hdfs://nn:9000/", |_| {}), Ok(()));
+        let err = |url: &str| hdfs(url, |_| {}).unwrap_err();
+        assert!(err("http://nn:9000").contains("object_store.hdfs_url"));
+        assert!(err("hdfs://").contains("object_store.hdfs_url"));
+        assert!(err("hdfs://nn:x").contains("port"));
+        assert!(err("hdfs://nn:9000/data").contains("object_store.prefix"));
+        let both = hdfs("hdfs://nn:9000", |s| s.bucket = "b".into()).unwrap_err();
+        assert!(both.contains("object_store.bucket") && both.contains("hdfs_url"), "{both}");
+        let keys = hdfs("hdfs://nn:9000", |s| s.access_key_id = "k".into()).unwrap_err();
+        assert!(keys.contains("object_store.access_key_id"), "{keys}");
     }
 }

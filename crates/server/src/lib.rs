@@ -148,7 +148,7 @@ impl Server {
         raise_open_file_limit();
         let tier = config.object_store.as_ref().map(tier::Tier::open).transpose()?;
         if let Some(o) = &config.object_store {
-            tracing::info!(bucket = %o.bucket, endpoint = %o.endpoint,
+            tracing::info!(bucket = %o.bucket, endpoint = %o.endpoint, hdfs_url = %o.hdfs_url,
                 high = o.offload_high_watermark, low = o.offload_low_watermark,
                 "object-store tier on: committed partitions move there when the disks fill");
         }

@@ -1,5 +1,6 @@
-//! The object-store tier: copies committed partition files to an S3-compatible store and reads
-//! chunks back from it with ranged GETs.
+//! The object-store tier: copies committed partition files to an S3-compatible store or an HDFS
+//! and reads chunks back from it with ranged reads, both through `object_store`'s one
+//! [`ObjectStore`] trait (HDFS by `hdfs-native-object-store`, a Rust HDFS client: no JVM).
 //!
 //! The server, not the reader, reads the store: readers keep the one protocol they have
 //! (`OpenStream`/`FetchChunk`/`ChunkData`, CRCs checked end to end) and need no store
@@ -7,10 +8,11 @@
 //! stream reads and the access checks stay on the server. The cost is one more hop for
 //! offloaded bytes, which only cold, spilled data pays.
 //!
-//! Every call is bounded: each HTTP request by `request_timeout_ms` (retried `max_retries`
-//! times by the client library), and each operation as a whole by `request_timeout_ms` ×
-//! (`max_retries` + 1). A store that fails, hangs or vanishes gives an error, never a wait
-//! without end and never bytes of another length than asked.
+//! Every call is bounded: on S3 each HTTP request by `request_timeout_ms` (retried
+//! `max_retries` times by the client library), and on both stores each operation as a whole by
+//! `request_timeout_ms` × (`max_retries` + 1) + 1 s, the only bound HDFS calls get (its client
+//! has no per-request options). A store that fails, hangs or vanishes gives an error, never a
+//! wait without end and never bytes of another length than asked.
 
 use std::fs::File;
 use std::ops::Range;
@@ -19,7 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use object_store::aws::{AmazonS3, AmazonS3Builder};
+use hdfs_native_object_store::HdfsObjectStoreBuilder;
+use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 use object_store::{
     BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, PutPayload, RetryConfig,
@@ -57,7 +60,8 @@ pub enum TierError {
 
 /// A configured object store and the bounds its calls run under.
 pub struct Tier {
-    store: AmazonS3,
+    /// S3 or HDFS.
+    store: Arc<dyn ObjectStore>,
     config: ObjectStoreConfig,
     /// Chunk reads in flight at most (each holds one chunk in memory).
     reads: Semaphore,
@@ -74,6 +78,24 @@ impl std::fmt::Debug for Tier {
 impl Tier {
     /// A client for the configured store (no request is made yet).
     pub fn open(config: &ObjectStoreConfig) -> Result<Tier, String> {
+        let request = Duration::from_millis(config.request_timeout_ms);
+        let store: Arc<dyn ObjectStore> = if config.hdfs_url.is_empty() {
+            Self::s3(config)?
+        } else {
+            let hdfs = HdfsObjectStoreBuilder::new().with_url(&config.hdfs_url).build();
+            Arc::new(hdfs.map_err(|e| format!("object_store.hdfs_url: {e}"))?)
+        };
+        Ok(Tier {
+            store,
+            config: config.clone(),
+            reads: Semaphore::new(config.max_concurrent_reads),
+            op_timeout: request * (config.max_retries as u32 + 1) + Duration::from_secs(1),
+        })
+    }
+
+    /// An S3 client, each request bounded by `request_timeout_ms` and retried `max_retries`
+    /// times.
+    fn s3(config: &ObjectStoreConfig) -> Result<Arc<dyn ObjectStore>, String> {
         // reqwest is built without a crypto provider of its own (object_store's `aws` feature
         // would bring aws-lc): HTTPS endpoints use rustls's process default, ring, as the rest
         // of Sluice does. Installing fails only when one is installed already, which is fine.
@@ -107,13 +129,7 @@ impl Tier {
                 .with_access_key_id(&config.access_key_id)
                 .with_secret_access_key(&config.secret_access_key);
         }
-        let store = b.build().map_err(|e| format!("object_store: {e}"))?;
-        Ok(Tier {
-            store,
-            config: config.clone(),
-            reads: Semaphore::new(config.max_concurrent_reads),
-            op_timeout: request * (config.max_retries as u32 + 1) + Duration::from_secs(1),
-        })
+        Ok(Arc::new(b.build().map_err(|e| format!("object_store: {e}"))?))
     }
 
     /// A new key for file `n` of partition `pid` of `key`: unique to this copy (`token`), so

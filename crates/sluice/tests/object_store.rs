@@ -11,21 +11,18 @@
 
 mod utils;
 
-use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use sluice_proto::message::Assignment;
 use sluice_proto::ErrorCode;
+use utils::tier::*;
 use utils::*;
 
 const BUCKET: &str = "sluice-test";
 const ACCESS_KEY: &str = "sluice-test-access";
 const SECRET_KEY: &str = "sluice-test-secret-key-0123456789";
-const MAPS: u32 = 3;
 
 /// The `s3s-fs` binary `build.rs` found.
 fn s3s_fs() -> &'static str {
@@ -38,10 +35,9 @@ fn s3s_fs() -> &'static str {
 
 /// A running `s3s-fs` on 127.0.0.1:`port` over `root` (killed on drop).
 struct Store {
-    child: Option<Child>,
+    process: StoreProcess,
     root: PathBuf,
     port: u16,
-    log: PathBuf,
 }
 
 impl Store {
@@ -53,14 +49,19 @@ impl Store {
             let l = TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()
         };
-        let mut s = Store { child: None, root, port, log: scratch.join("s3s-fs.log") };
+        let mut s = Store {
+            process: StoreProcess { child: None, log: scratch.join("s3s-fs.log") },
+            root,
+            port,
+        };
         s.restart();
         s
     }
 
     /// (Re)starts the store on its port and root; waits (≤ 20 s) until it takes connections.
     fn restart(&mut self) {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(&self.process.log).unwrap();
         let child = Command::new(s3s_fs())
             .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
             .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
@@ -70,7 +71,7 @@ impl Store {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", s3s_fs()));
-        self.child = Some(child);
+        self.process.child = Some(child);
         let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
         for _ in 0..400 {
             if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
@@ -81,24 +82,13 @@ impl Store {
         panic!("s3s-fs did not listen on {addr} within 20 s: {}", self.log_text());
     }
 
-    /// Sends `signal` (`STOP`, `CONT`) to the store: a stopped store takes connections (the
-    /// kernel's backlog) and answers nothing.
-    fn signal(&self, signal: &str) {
-        let pid = self.child.as_ref().expect("store running").id().to_string();
-        let ok = Command::new("kill").args([&format!("-{signal}"), &pid]).status().unwrap();
-        assert!(ok.success(), "kill -{signal} {pid}");
-    }
-
     /// SIGKILLs the store (connections drop mid-answer).
     fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.process.kill();
     }
 
     fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.process.log_text()
     }
 
     /// The objects the store holds (files under its bucket's directory, its own bookkeeping
@@ -139,114 +129,12 @@ fn started() -> (Scratch, Store) {
     (scratch, store)
 }
 
-impl Drop for Store {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// A server on two fixed directories and a fixed port, restartable (the shuffle's files, and
-/// so the copies of its commit record, may be on either or both).
-struct Restartable {
-    scratch: Scratch,
-    dirs: Vec<PathBuf>,
-    addr: SocketAddr,
-    sets: Vec<String>,
-}
-
-impl Restartable {
-    fn start(&self) -> Proc {
-        self.scratch.server(&ServerSpec {
-            data_dirs: self.dirs.clone(),
-            metrics: true,
-            listen: (self.addr.port() != 0).then_some(self.addr),
-            sets: self.sets.clone(),
-            ..Default::default()
-        })
-    }
-
-    fn files(&self, name: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
-        self.dirs.iter().flat_map(|d| files_under(d)).filter(|f| name(f)).collect()
-    }
-
-    fn data_files(&self) -> Vec<PathBuf> {
-        self.files(|f| f.extension().is_some_and(|e| e == "data"))
-    }
-}
-
-/// Writes and commits shuffle `a`: MAPS maps of `per_map` batches (one 20 000-byte record
-/// each) over its partitions; returns the records each partition must hold.
-async fn write_shuffle(
-    client: &sluice_client::ShuffleClient,
-    a: &Arc<Assignment>,
-    per_map: u32,
-) -> Vec<BTreeSet<RecordId>> {
-    let parts = a.partitions.len() as u32;
-    register_direct(client, a, MAPS).await.unwrap();
-    for t in spawn_writers(client, a, MAPS, per_map, 20_000, move |m, s| (m + s) % parts) {
-        t.await.unwrap().unwrap();
-    }
-    client.commit_shuffle(a).await.unwrap();
-    let mut want = vec![BTreeSet::new(); parts as usize];
-    for map in 0..MAPS {
-        for seq in 0..per_map {
-            want[((map + seq) % parts) as usize].insert(RecordId { map, attempt: 0, seq });
-        }
-    }
-    want
-}
-
-/// Reads every partition of `a` and checks it holds exactly `want` (each record's bytes are
-/// checked by `parse_records`, each batch's CRC by the reader).
-async fn check_all(
-    client: &sluice_client::ShuffleClient,
-    a: &Assignment,
-    want: &[BTreeSet<RecordId>],
-) {
-    for (p, want) in want.iter().enumerate() {
-        let got = read_partition(client, a, p as u32, 0, MAPS)
-            .await
-            .unwrap_or_else(|e| panic!("partition {p}: {e}"));
-        let ids: BTreeSet<RecordId> =
-            got.unique_ids(format!("partition {p}")).into_iter().collect();
-        assert_eq!(&ids, want, "partition {p}: other records than written");
-    }
-}
-
-async fn metric(p: &Proc, name: &str) -> f64 {
-    sluice_testkit::metric(&p.metrics().await, name)
-}
-
-/// Waits (≤ `secs`) until metric `name` of `p` is at least `at_least`.
-async fn wait_metric(p: &Proc, name: &str, at_least: f64, secs: u64) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    loop {
-        let v = metric(p, name).await;
-        if v >= at_least {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{name} is {v}, not {at_least}, after {secs} s; server log:\n{}",
-            p.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(no_s3_server, ignore = "OBJECT STORE TESTS NOT RUN: no s3s-fs (make s3-server)")]
 async fn committed_partitions_move_to_the_store_and_are_served_from_it_also_after_a_restart() {
     bounded("committed_partitions_move_to_the_store", 120, async {
         let (scratch, store) = started();
-        let mut r = Restartable {
-            dirs: vec![scratch.path().join("d1"), scratch.path().join("d2")],
-            sets: store.server_sets(),
-            scratch,
-            addr: "127.0.0.1:0".parse().unwrap(),
-        };
-        let mut server = r.start();
-        r.addr = server.addr;
+        let (r, mut server) = Restartable::start_in(scratch, store.server_sets());
         let client = client("offload-app", None);
         let a = assignment(1, &[r.addr], 4);
         let want = write_shuffle(&client, &a, 30).await;
@@ -258,24 +146,24 @@ async fn committed_partitions_move_to_the_store_and_are_served_from_it_also_afte
         assert_eq!(store.objects().len(), 4, "one object per partition file");
         let records = r.files(|f| f.ends_with("1/index"));
         assert!(!records.is_empty(), "the commit record is gone");
-        let offloaded = metric(&server, "sluice_server_offloaded_bytes_total").await;
+        let offloaded = metric_of(&server, "sluice_server_offloaded_bytes_total").await;
         assert!(offloaded >= (MAPS * 30 * 20_000) as f64, "{offloaded} bytes offloaded");
-        assert!(metric(&server, "sluice_server_object_store_bytes").await > 0.0);
+        assert!(metric_of(&server, "sluice_server_object_store_bytes").await > 0.0);
         assert!(server.log_text().contains("partition moved to the object store"), "no log line");
 
         // Read back from the store, byte-identical.
         check_all(&client, &a, &want).await;
-        let read = metric(&server, "sluice_server_object_store_read_bytes_total").await;
+        let read = metric_of(&server, "sluice_server_object_store_read_bytes_total").await;
         assert!(read >= (MAPS * 30 * 20_000) as f64, "only {read} bytes read from the store");
-        assert_eq!(metric(&server, "sluice_server_object_store_errors_total").await, 0.0);
+        assert_eq!(metric_of(&server, "sluice_server_object_store_errors_total").await, 0.0);
 
         // SIGKILL and a restart: the record says where the partitions are.
         server.kill();
         let server = r.start();
-        assert_eq!(metric(&server, "sluice_server_recovered_shuffles_total").await, 1.0);
-        assert_eq!(metric(&server, "sluice_server_recovered_lost_total").await, 0.0);
+        assert_eq!(metric_of(&server, "sluice_server_recovered_shuffles_total").await, 1.0);
+        assert_eq!(metric_of(&server, "sluice_server_recovered_lost_total").await, 0.0);
         check_all(&client, &a, &want).await;
-        assert!(metric(&server, "sluice_server_object_store_read_bytes_total").await > 0.0);
+        assert!(metric_of(&server, "sluice_server_object_store_read_bytes_total").await > 0.0);
         assert!(r.data_files().is_empty(), "the restarted server holds partition files again");
 
         // Unregistering deletes the objects too.
@@ -300,33 +188,12 @@ async fn a_store_killed_mid_read_is_a_retriable_error_and_the_read_succeeds_once
         let a = assignment(1, &[server.addr], 1);
         let want = write_shuffle(&client, &a, 100).await;
         wait_metric(&server, "sluice_server_offloaded_partitions_total", 1.0, 60).await;
-        let uploaded = metric(&server, "sluice_server_offloaded_bytes_total").await;
+        let uploaded = metric_of(&server, "sluice_server_offloaded_bytes_total").await;
         assert!(uploaded > 5_242_880.0, "{uploaded} bytes: not a multipart upload");
 
         // Some batches read, then the store dies: the reader gets STORAGE_FAILED (retriable)
-        // within the store's bounds, and every record it delivered before is sound.
-        let mut reader = client.reader(&a, 0, 0, MAPS).await.unwrap();
-        let mut before = Vec::new();
-        for _ in 0..5 {
-            let b = reader.next_batch().await.unwrap().expect("more batches");
-            before.extend(parse_records(&b));
-        }
-        store.kill();
-        let failed = loop {
-            match reader.next_batch().await {
-                Ok(Some(b)) => before.extend(parse_records(&b)),
-                Ok(None) => panic!("the whole partition was read with the store down"),
-                Err(e) => break e,
-            }
-        };
-        assert_eq!(failed.code(), ErrorCode::StorageFailed, "{failed}");
-        assert!(failed.is_retriable(), "{failed}");
-        assert!(before.len() < want[0].len(), "the read did not stop");
-        for (id, _) in &before {
-            assert!(want[0].contains(id), "record {id:?} was never written");
-        }
-        assert!(server.log_text().contains("object store read failed"), "no log line");
-        assert!(metric(&server, "sluice_server_object_store_errors_total").await >= 1.0);
+        // within the bound, and every record it delivered before is sound.
+        check_store_killed_mid_read(&client, &a, &want[0], &server, || store.kill()).await;
 
         // A retry while the store is down fails the same way, quickly.
         let again = read_partition(&client, &a, 0, 0, MAPS).await;
@@ -338,14 +205,7 @@ async fn a_store_killed_mid_read_is_a_retriable_error_and_the_read_succeeds_once
 
         // A store that hangs (stopped: connections accepted, nothing answered) is the same
         // retriable error within its bound (1.5 s a request, one retry, + 1 s), not a hang.
-        store.signal("STOP");
-        let started = std::time::Instant::now();
-        let hung = read_partition(&client, &a, 0, 0, MAPS).await;
-        let waited = started.elapsed();
-        store.signal("CONT");
-        assert_eq!(code(hung), ErrorCode::StorageFailed);
-        assert!(waited < Duration::from_secs(15), "a hung store held the read {waited:?}");
-        check_all(&client, &a, &want).await;
+        check_store_hang(&client, &a, &want, &store.process).await;
     })
     .await
 }

@@ -6,8 +6,7 @@
 
 mod utils;
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,56 +16,6 @@ use utils::*;
 
 const PARTITIONS: u32 = 6;
 const MAPS: u32 = 3;
-
-/// A server on fixed directories and a fixed port, restartable.
-struct Restartable {
-    scratch: Scratch,
-    dirs: Vec<PathBuf>,
-    addr: SocketAddr,
-    sets: Vec<String>,
-}
-
-impl Restartable {
-    fn new(sets: &[&str]) -> (Restartable, Proc) {
-        let scratch = Scratch::new();
-        let dirs = vec![scratch.path().join("d1"), scratch.path().join("d2")];
-        let mut r = Restartable {
-            scratch,
-            dirs,
-            addr: "127.0.0.1:0".parse().unwrap(),
-            sets: sets.iter().map(|s| s.to_string()).collect(),
-        };
-        let p = r.start();
-        r.addr = p.addr;
-        (r, p)
-    }
-
-    fn start(&self) -> Proc {
-        self.scratch.server(&ServerSpec {
-            data_dirs: self.dirs.clone(),
-            metrics: true,
-            listen: (self.addr.port() != 0).then_some(self.addr),
-            sets: self.sets.clone(),
-            ..Default::default()
-        })
-    }
-
-    fn index_files(&self) -> Vec<PathBuf> {
-        self.dirs
-            .iter()
-            .flat_map(|d| files_under(d))
-            .filter(|f| f.file_name().is_some_and(|n| n == "index"))
-            .collect()
-    }
-
-    fn data_files(&self) -> Vec<PathBuf> {
-        self.dirs
-            .iter()
-            .flat_map(|d| files_under(d))
-            .filter(|f| f.extension().is_some_and(|e| e == "data"))
-            .collect()
-    }
-}
 
 /// Writes shuffle `a`: MAPS maps of 40 batches each over the partitions (map 1 also has a
 /// second, losing attempt), committed when `commit`.

@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod openapi;
+pub mod tier;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -98,6 +99,58 @@ impl Proc {
             move || sluice_testkit::scrape_tls(addr, Duration::from_secs(5), ca.as_deref());
         let m = tokio::task::spawn_blocking(scrape).await.expect("the scrape task");
         m.unwrap_or_else(|e| panic!("metrics scrape: {e}"))
+    }
+}
+
+/// A server on two fixed directories of its scratch (`d1`, `d2`) and, once started, a fixed
+/// port: restartable on the same data (the shuffle's files, and so the copies of its commit
+/// record, may be on either directory or both).
+pub struct Restartable {
+    pub scratch: Scratch,
+    pub dirs: Vec<PathBuf>,
+    pub addr: SocketAddr,
+    pub sets: Vec<String>,
+}
+
+impl Restartable {
+    /// Starts one in a new scratch with `sets`.
+    pub fn new(sets: &[&str]) -> (Restartable, Proc) {
+        Restartable::start_in(Scratch::new(), sets.iter().map(|s| s.to_string()).collect())
+    }
+
+    /// Starts one in `scratch` with `sets`.
+    pub fn start_in(scratch: Scratch, sets: Vec<String>) -> (Restartable, Proc) {
+        let dirs = vec![scratch.path().join("d1"), scratch.path().join("d2")];
+        let mut r = Restartable { scratch, dirs, addr: "127.0.0.1:0".parse().unwrap(), sets };
+        let p = r.start();
+        r.addr = p.addr;
+        (r, p)
+    }
+
+    /// (Re)starts the server, on its port once it has one.
+    pub fn start(&self) -> Proc {
+        self.scratch.server(&ServerSpec {
+            data_dirs: self.dirs.clone(),
+            metrics: true,
+            listen: (self.addr.port() != 0).then_some(self.addr),
+            sets: self.sets.clone(),
+            ..Default::default()
+        })
+    }
+
+    /// The files under its directories that `name` accepts.
+    pub fn files(&self, name: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
+        self.dirs.iter().flat_map(|d| files_under(d)).filter(|f| name(f)).collect()
+    }
+
+    /// Its commit records.
+    pub fn index_files(&self) -> Vec<PathBuf> {
+        self.files(|f| f.file_name().is_some_and(|n| n == "index"))
+    }
+
+    /// Its partition files.
+    pub fn data_files(&self) -> Vec<PathBuf> {
+        self.files(|f| f.extension().is_some_and(|e| e == "data"))
     }
 }
 
