@@ -40,8 +40,7 @@ pub struct ServerConfig {
     /// data a second before (0: neither; buffers are flushed only at `chunk_bytes` or under
     /// memory pressure). Keeps the disks busy while they have room, so a commit finds little
     /// left to write and sync; streams still serve consecutive small chunks as one of up to
-    /// `chunk_bytes`. 16 KiB by default: a 2,000 × 10,000 shuffle then commits in 0.44 s
-    /// instead of 1.3–2.0 s with 64 KiB (docs/benchmarks.md#metadata).
+    /// `chunk_bytes`.
     pub early_flush_bytes: u64,
     /// A partition whose data on this server reaches this many bytes is split: pushes to it are
     /// answered `PushSplit`, and its writers move on to a new part on another server (see
@@ -290,7 +289,7 @@ impl Default for ServerConfig {
             busy_backoff_ms: 50,
             busy_hold_ms: 100,
             chunk_bytes: 4 << 20,
-            early_flush_bytes: 16 << 10,
+            early_flush_bytes: 64 << 10,
             split_threshold_bytes: 1 << 30,
             flushers_per_dir: 2,
             flush_write_bytes: 256 << 10,
