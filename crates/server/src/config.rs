@@ -289,7 +289,7 @@ impl Default for ServerConfig {
             busy_backoff_ms: 50,
             busy_hold_ms: 100,
             chunk_bytes: 4 << 20,
-            early_flush_bytes: 64 << 10,
+            early_flush_bytes: 16 << 10,
             split_threshold_bytes: 1 << 30,
             flushers_per_dir: 2,
             flush_write_bytes: 256 << 10,

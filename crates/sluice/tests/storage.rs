@@ -22,6 +22,14 @@ fn under_a_file(scratch: &Scratch, name: &str) -> PathBuf {
     f.join("data")
 }
 
+/// A server on `data_dirs` that flushes partitions only when full or at the commit
+/// (`early_flush_bytes=0`, the default being 16 KiB): for tests that count on small pushes waiting
+/// in memory for the commit (each partition one page-padded chunk; a directory broken after the
+/// pushes fails the commit).
+fn commit_flushes_only(data_dirs: Vec<PathBuf>) -> ServerSpec {
+    ServerSpec { data_dirs, sets: vec!["early_flush_bytes=0".into()], ..Default::default() }
+}
+
 /// Replaces a (working) directory with a regular file.
 fn break_dir(dir: &Path) {
     let gone = dir.with_extension("gone");
@@ -120,10 +128,7 @@ async fn bad_and_good_data_dirs_store_everything_in_the_good_one() {
         let scratch = Scratch::new();
         let bad = under_a_file(&scratch, "bad");
         let good = scratch.path().join("good");
-        let server = scratch.server(&ServerSpec {
-            data_dirs: vec![bad.clone(), good.clone()],
-            ..Default::default()
-        });
+        let server = scratch.server(&commit_flushes_only(vec![bad.clone(), good.clone()]));
         let client = client("two-dirs", None);
         let committed = round_trip(&client, server.addr, 4).await;
         let files = data_files(&good);
@@ -162,8 +167,7 @@ async fn every_dir_breaking_after_accepting_pushes_fails_the_commit() {
     bounded("every_dir_breaking_after_accepting_pushes_fails_the_commit", 30, async {
         let scratch = Scratch::new();
         let d0 = scratch.path().join("only");
-        let server =
-            scratch.server(&ServerSpec { data_dirs: vec![d0.clone()], ..Default::default() });
+        let server = scratch.server(&commit_flushes_only(vec![d0.clone()]));
         let client = client("all-broken", None);
         let a = assignment(1, &[server.addr], 2);
         register_direct(&client, &a, 1).await.unwrap();

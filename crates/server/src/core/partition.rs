@@ -441,6 +441,14 @@ impl<F: Clone> Partition<F> {
         Ok((number, f.handle.clone(), offset))
     }
 
+    /// The shuffle became readable: its chunk index never grows again, so it gives back the
+    /// room it had kept for more (a wide shuffle's 10,000 indexes of a few early chunks each
+    /// held up to twice their chunks).
+    pub(super) fn seal(&mut self) {
+        self.chunks.shrink_to_fit();
+        self.files.shrink_to_fit();
+    }
+
     /// Takes a plan back: records its chunk when written; the plan's memory is freed.
     pub(super) fn flushed(&mut self, plan: FlushPlan<F>, outcome: FlushOutcome) {
         match outcome {

@@ -559,7 +559,8 @@ impl<F: Clone> Shuffle<F> {
         }
         let mut sizes = Vec::new();
         for (pid, p) in self.partitions.iter().enumerate() {
-            let p = p.lock();
+            let mut p = p.lock();
+            p.seal();
             if let Some(why) = p.lost() {
                 return Err(Refusal::new(
                     ErrorCode::StorageFailed,
