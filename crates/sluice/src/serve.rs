@@ -69,10 +69,40 @@ impl Common {
     }
 }
 
+/// Connections the kernel may hold ready for the accept loop (it caps this at
+/// `net.core.somaxconn`, 4,096 by default). `TcpListener::bind` asks for 1,024: 1,000 clients
+/// connecting at once overflowed that queue (the kernel's `ListenOverflows` counter), and each
+/// client whose handshake was dropped connected only after its SYN's 1 s retransmit
+/// (docs/benchmarks-log.md#connections-2026-11-27).
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listener on `addr` (address reuse on, as `TcpListener::bind` sets) with [`LISTEN_BACKLOG`].
+fn listen_on(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 async fn bind(listen: &str) -> anyhow::Result<TcpListener> {
-    let l = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
-    println!("listening on {}", l.local_addr()?);
-    Ok(l)
+    let addrs =
+        tokio::net::lookup_host(listen).await.with_context(|| format!("resolving {listen}"))?;
+    let mut last = None;
+    for addr in addrs {
+        match listen_on(addr) {
+            Ok(l) => {
+                println!("listening on {}", l.local_addr()?);
+                return Ok(l);
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    let e = last.unwrap_or_else(|| std::io::Error::other("the address resolves to nothing"));
+    Err(e).with_context(|| format!("binding {listen}"))
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

@@ -113,6 +113,13 @@ fn bench_connections_reads_back_every_byte_at_each_count() {
         // (The bench itself fails when a reader gets other than the bytes pushed.)
         assert!(n("bytes") > 0.0 && n("push_gbps") > 0.0 && n("fetch_gbps") > 0.0, "{r}");
         assert!(n("server_peak_rss_bytes") > 0.0 && n("server_threads") >= 1.0, "{r}");
+        // The set-up (writers, connections) is timed apart from the push, and also with it.
+        assert!(n("setup_seconds") > 0.0, "{r}");
+        assert!(n("push_gbps_with_setup") > 0.0, "{r}");
+        assert!(n("push_gbps_with_setup") <= n("push_gbps"), "{r}");
+        if std::path::Path::new("/proc/net/netstat").exists() {
+            assert!(r["listen_overflows"].as_u64().is_some(), "{r}");
+        }
         let allowed = (32u64 << 20) + (64 << 20) + (64 << 10) * want;
         assert_eq!(r["rss_allowed_bytes"].as_u64(), Some(allowed), "{r}");
         // The clients share 8 MiB in flight, at least a 256 KiB batch each.

@@ -1,8 +1,10 @@
 //! `sluice bench connections`: many clients at once against one server. For each count N (say 10,
 //! 100, 1,000), a fresh server (data on tmpfs, so the figure is the server's, not the disk's)
-//! takes N clients of one connection each: each pushes its share of the bytes into a partition of
-//! its own, all at once; after the commit each reads its partition back, all at once. Prints per N
-//! the push and fetch GB/s, their ratio to the smallest N's, the server's peak RSS against the
+//! takes N clients of one connection each: all at once, each creates its writer and connects
+//! (timed on its own: `setup_seconds`), then each pushes its share of the bytes into a partition
+//! of its own; after the commit each reads its partition back, all at once (opening its stream
+//! included). Prints per N the push GB/s of the N connected clients (and with the set-up
+//! counted), the fetch GB/s, their ratio to the smallest N's, the server's peak RSS against the
 //! budget + 64 MiB + 64 KiB per connection, and its thread count (no thread per connection).
 //!
 //! Each client keeps the client's default window of bytes in flight, or, with
@@ -21,6 +23,8 @@ use anyhow::{bail, Context};
 use clap::Args;
 use serde_json::json;
 use sluice_client::{ClientOptions, ShuffleClient};
+use sluice_proto::message::Ping;
+use sluice_proto::Message;
 
 use crate::cluster::{cpu_seconds, metric, Cluster, ClusterSpec};
 use crate::local::parse_size;
@@ -73,6 +77,17 @@ fn raise_nofile(need: u64) -> anyhow::Result<u64> {
     Ok(need)
 }
 
+/// The kernel's count of connections dropped because a listen queue was full (`TcpExt
+/// ListenOverflows` in /proc/net/netstat; the whole host's, so other programs' count too), or
+/// `None` where the file does not say.
+fn listen_overflows() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/net/netstat").ok()?;
+    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (names, values) = (lines.next()?, lines.next()?);
+    let at = names.split_whitespace().position(|n| n == "ListenOverflows")?;
+    values.split_whitespace().nth(at)?.parse().ok()
+}
+
 fn threads_of(pid: u32) -> u64 {
     sluice_testkit::proc_status_kib(pid, "Threads:")
 }
@@ -111,12 +126,35 @@ async fn one_count(args: &ConnArgs, n: u32) -> anyhow::Result<serde_json::Value>
     let batch = Arc::new(super::shuffle::payload(args.batch_bytes as usize));
     let per_client = (args.bytes / n as u64 / args.batch_bytes).max(1);
 
+    // Set-up first, timed on its own: every client's writer (it asks a coordinator for the
+    // shuffle's splits) and its connection to the server (a ping), all at once. The push is
+    // timed from when all N are connected: the rate N open connections move, not how fast N
+    // connections are made (`setup_seconds`; `push_gbps_with_setup` counts both).
+    let addr = server.addr;
+    let overflows0 = listen_overflows();
+    let t = Instant::now();
+    let setups = clients.iter().enumerate().map(|(i, c)| {
+        let (c, a) = (c.clone(), a.clone());
+        tokio::spawn(async move {
+            let w = c.writer(a, i as u32, 0).await?;
+            c.request(addr, Message::Ping(Ping {})).await?;
+            Ok::<_, anyhow::Error>(w)
+        })
+    });
+    let mut writers = Vec::with_capacity(n as usize);
+    for r in futures_util::future::join_all(setups).await {
+        writers.push(r??);
+    }
+    let setup_s = secs(t);
+    // Handshakes the kernel dropped for a full accept queue: each such client connected only
+    // after its SYN was sent again, a second later.
+    let overflows = listen_overflows().zip(overflows0).map(|(a, b)| a.saturating_sub(b));
+
     let cpu0 = cpu_seconds(server.pid());
     let t = Instant::now();
-    let pushes = clients.iter().enumerate().map(|(i, c)| {
-        let (c, a, batch) = (c.clone(), a.clone(), batch.clone());
+    let pushes = writers.into_iter().enumerate().map(|(i, mut w)| {
+        let batch = batch.clone();
         tokio::spawn(async move {
-            let mut w = c.writer(a, i as u32, 0).await?;
             for _ in 0..per_client {
                 w.add_batch(i as u32, &batch).await?;
             }
@@ -168,6 +206,9 @@ async fn one_count(args: &ConnArgs, n: u32) -> anyhow::Result<serde_json::Value>
         "connections": n,
         "bytes": pushed,
         "push_gbps": gb / push_s,
+        "push_gbps_with_setup": gb / (push_s + setup_s),
+        "setup_seconds": setup_s,
+        "listen_overflows": overflows,
         "fetch_gbps": gb / fetch_s,
         "push_server_cpu_s_per_gb": push_cpu / gb,
         "fetch_server_cpu_s_per_gb": fetch_cpu / gb,
@@ -212,8 +253,11 @@ pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
     }
     let mut rows: Vec<serde_json::Value> = runs.into_iter().map(summarize).collect();
     let (p0, f0) = (rows[0]["push_gbps"].as_f64(), rows[0]["fetch_gbps"].as_f64());
+    let s0 = rows[0]["push_gbps_with_setup"].as_f64();
     for r in &mut rows {
         r["push_vs_first"] = json!(r["push_gbps"].as_f64().zip(p0).map(|(a, b)| a / b));
+        let with_setup = r["push_gbps_with_setup"].as_f64();
+        r["push_with_setup_vs_first"] = json!(with_setup.zip(s0).map(|(a, b)| a / b));
         r["fetch_vs_first"] = json!(r["fetch_gbps"].as_f64().zip(f0).map(|(a, b)| a / b));
     }
     let out = json!({
@@ -236,10 +280,13 @@ pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
         args.rounds
     );
     println!(
-        "  {:>6} {:>9} {:>7} {:>10} {:>7} {:>14} {:>12} {:>8} {:>6} {:>6} {:>6}",
+        "  {:>6} {:>7} {:>9} {:>9} {:>7} {:>11} {:>10} {:>7} {:>14} {:>12} {:>8} {:>6} {:>6} {:>6}",
         "conns",
+        "setup s",
+        "overflows",
         "push GB/s",
         "vs 1st",
+        "with setup",
         "fetch GB/s",
         "vs 1st",
         "peak RSS MiB",
@@ -253,10 +300,13 @@ pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
         let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
         let mib = |k: &str| r[k].as_u64().unwrap_or(0) as f64 / 1048576.0;
         println!(
-            "  {:>6} {:>9.2} {:>7.2} {:>10.2} {:>7.2} {:>14.0} {:>12.0} {:>8} {:>6} {:>6} {:>6}",
+            "  {:>6} {:>7.3} {:>9} {:>9.2} {:>7.2} {:>11.2} {:>10.2} {:>7.2} {:>14.0} {:>12.0} {:>8} {:>6} {:>6} {:>6}",
             r["connections"].as_u64().unwrap_or(0),
+            f("setup_seconds"),
+            r["listen_overflows"].as_u64().unwrap_or(0),
             f("push_gbps"),
             f("push_vs_first"),
+            f("push_gbps_with_setup"),
             f("fetch_gbps"),
             f("fetch_vs_first"),
             mib("server_peak_rss_bytes"),
@@ -286,13 +336,21 @@ fn summarize(runs: Vec<serde_json::Value>) -> serde_json::Value {
     let max = |k: &str| runs.iter().filter_map(|r| r[k].as_u64()).max();
     let sum = |k: &str| runs.iter().filter_map(|r| r[k].as_u64()).sum::<u64>();
     let mut row = runs[0].clone();
-    for k in ["push_gbps", "fetch_gbps", "push_server_cpu_s_per_gb", "fetch_server_cpu_s_per_gb"] {
+    for k in [
+        "push_gbps",
+        "push_gbps_with_setup",
+        "setup_seconds",
+        "fetch_gbps",
+        "push_server_cpu_s_per_gb",
+        "fetch_server_cpu_s_per_gb",
+    ] {
         row[k] = json!(median(k));
     }
     for k in ["server_peak_rss_bytes", "server_rss_after_push_bytes", "server_threads"] {
         row[k] = json!(max(k));
     }
     row["pushes_held"] = json!(sum("pushes_held"));
+    row["listen_overflows"] = json!(sum("listen_overflows"));
     row["busy_replies"] = json!(sum("busy_replies"));
     row["rss_within"] = json!(runs.iter().all(|r| r["rss_within"].as_bool() == Some(true)));
     if let Some(o) = row.as_object_mut() {
