@@ -8,7 +8,8 @@ incompressible `--batch-kib` KiB batches over 16 partitions, `--rounds` shuffles
 the median per setting of what the whole JVM did (GB/s, process CPU seconds per GB pushed, JIT
 compile time) and candidate / baseline. With `--read`, each shuffle is also read back after its
 commit, one partition at a time through ShuffleReaderClient (as reduce tasks do): read GB/s and
-the time spent inside the reader (what Spark reports as fetch wait).
+the time spent inside the reader (until 2026-11-27 what the Spark plugin reported as fetch wait;
+since then it reports the reader's time blocked on the network alone, PushBench's `waits`).
 
 Usage: bench/jvm/push.sh [--runs 3] [--rounds 3] [--maps 8] [--map-mib 48] [--batch-kib 150]
            [--baseline "sluice.client.pushBatchBytes=256k"] [--candidate ""] [--read]

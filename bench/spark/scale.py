@@ -19,6 +19,7 @@ built-in shuffle's and count every row (--no-verify skips it).
 
 Usage: bench/spark/scale.sh [--points 1:200:200,1:2000:200,...] [--runs 3] [--celeborn]
            [--max-load 1.5] [--load-wait 120] [--json out.json] [--no-verify]
+           [--modes sluice --no-verify]   (one mode alone: A/B of Sluice settings, say)
 The default points are the issue's series (1, 4, 8 GiB; 200, 2,000, 10,000 partitions; up to
 2,000 maps); on a 2-core machine the 8 GiB points take tens of minutes per application.
 """
@@ -241,7 +242,7 @@ def report(summaries, modes):
           f"{'shuffled GB':>12}{'job vs built-in':>16}")
     for s in summaries:
         label = "{:g}/{}/{}".format(*s["point"])
-        base = s["modes"]["builtin"]["job_s"]
+        base = s["modes"].get("builtin", {}).get("job_s", float("nan"))
         for mode in modes:
             m = s["modes"][mode]
             print(f"{label:<24}{mode:<10}{m['job_s']:>8.1f}{m['map_s']:>8.1f}{m['reduce_s']:>9.1f}"
@@ -258,6 +259,15 @@ def orchestrate(args):
     import conftest
 
     modes = ["builtin", "sluice"] + (["celeborn"] if args.celeborn else [])
+    if args.modes:
+        modes = [m for m in args.modes.split(",") if m]
+        unknown = set(modes) - {"builtin", "sluice", "celeborn"}
+        if unknown or not modes:
+            raise SystemExit(f"--modes: builtin, sluice and celeborn only (got {args.modes!r})")
+        if "builtin" not in modes and args.verify:
+            raise SystemExit("--modes without builtin: nothing to check results against; "
+                             "add --no-verify")
+        args.celeborn = "celeborn" in modes
     if args.celeborn:
         from cluster import require
 
@@ -285,6 +295,8 @@ def main():
     ap.add_argument("--points", default=DEFAULT_POINTS, help="GiB:partitions:maps, comma-separated")
     ap.add_argument("--runs", type=int, default=3, help="applications per mode and point")
     ap.add_argument("--celeborn", action="store_true", help="also Celeborn (bench/celeborn/setup.sh)")
+    ap.add_argument("--modes", help="the modes to run, comma-separated (default builtin,sluice, "
+                    "and celeborn with --celeborn); without builtin, --no-verify is needed")
     ap.add_argument("--max-load", type=float, default=1.5, help="1-min load to wait for")
     ap.add_argument("--load-wait", type=float, default=120, help="longest wait for it, s")
     ap.add_argument("--run-timeout", type=float, default=3600, help="one application, s")

@@ -103,6 +103,8 @@ fn bench_connections_reads_back_every_byte_at_each_count() {
         "2",
         "--inflight-total",
         "8M",
+        "--passes",
+        "3",
     ]);
     let rows = j["rows"].as_array().unwrap_or_else(|| panic!("no rows in {j}"));
     assert_eq!(rows.len(), 2, "{j}");
@@ -135,6 +137,21 @@ fn bench_connections_reads_back_every_byte_at_each_count() {
         assert!((n("push_gbps") - (push[0] + push[1]) / 2.0).abs() < 1e-9, "{r}");
         let peak = runs.iter().map(|x| x["server_peak_rss_bytes"].as_u64().unwrap()).max();
         assert_eq!(r["server_peak_rss_bytes"].as_u64(), peak, "{r}");
+        // Each run pushed and read three shuffles through the same clients: its figures are
+        // the median of the second and third passes', the first pass's beside them.
+        for run in runs {
+            let passes = run["passes"].as_array().unwrap_or_else(|| panic!("no passes in {run}"));
+            let of = |i: usize, k: &str| passes[i][k].as_f64().unwrap();
+            assert_eq!(passes.len(), 3, "{run}");
+            assert!((0..3).all(|i| passes[i]["pass"].as_u64() == Some(i as u64 + 1)), "{run}");
+            assert!((0..3).all(|i| of(i, "bytes") == n("bytes")), "{run}");
+            let later = (of(1, "push_gbps") + of(2, "push_gbps")) / 2.0;
+            assert!((run["push_gbps"].as_f64().unwrap() - later).abs() < 1e-9, "{run}");
+            let first = run["first_pass_push_gbps"].as_f64();
+            assert_eq!(first, Some(of(0, "push_gbps")), "{run}");
+            let fetch = run["first_pass_fetch_gbps"].as_f64();
+            assert_eq!(fetch, Some(of(0, "fetch_gbps")), "{run}");
+        }
     }
     // The first round ran 2 connections first, the second 40 first.
     let seq = |row: usize, round: usize| rows[row]["runs"][round]["seq"].as_u64().unwrap();

@@ -19,8 +19,6 @@ const READ_CHUNK: usize = 64 << 10;
 /// into this buffer, to be copied again into the body: 3.7 % of a server's CPU in `bench push`
 /// (perf). 8 KiB still takes in a hundred small frames (acks, fetch requests) per read.
 const HEAD_READ: usize = 8 << 10;
-/// Scratch size for discarding a refused body.
-const DISCARD_CHUNK: usize = 256 << 10;
 
 /// Reads frames from one connection.
 pub struct FrameReader {
@@ -34,7 +32,6 @@ pub struct FrameReader {
     /// A frame that stops arriving half-way for this long is an error; the wait for the next
     /// frame's first byte is not limited.
     idle_timeout: Option<Duration>,
-    scratch: Vec<u8>,
     /// Where mid-sized bodies get their buffers (`None`: each body is a new allocation).
     pool: Option<Arc<BodyPool>>,
 }
@@ -51,7 +48,6 @@ impl FrameReader {
             buf: BytesMut::with_capacity(READ_CHUNK),
             max_frame_bytes,
             idle_timeout,
-            scratch: Vec::new(),
             pool: None,
         }
     }
@@ -147,21 +143,27 @@ impl FrameReader {
         Ok(body.freeze())
     }
 
-    /// Reads and drops `len` body bytes through a bounded (256 KiB) scratch buffer.
+    /// Reads and drops `len` body bytes through the reader's own buffer, `READ_CHUNK` at a
+    /// time. No buffer of its own: a connection keeps only that buffer however many bodies it
+    /// has refused (a 256 KiB scratch kept per connection once put a 1,000-connection server
+    /// 29 MiB over its memory bound after a few hundred `Busy` answers, docs/benchmarks-log.md).
     pub async fn discard_body(&mut self, len: u32) -> Result<(), TransportError> {
         let mut left = len as usize;
         let have = self.buf.len().min(left);
         self.buf.advance(have);
         left -= have;
-        if left > 0 && self.scratch.is_empty() {
-            self.scratch = vec![0; DISCARD_CHUNK];
-        }
         while left > 0 {
-            let want = left.min(self.scratch.len());
-            let n = with_idle(self.idle_timeout, self.rd.read(&mut self.scratch[..want])).await?;
+            // Nothing of the next frame has been read yet: the body comes first.
+            debug_assert!(self.buf.is_empty());
+            self.buf.clear();
+            self.buf.reserve(READ_CHUNK);
+            let want = left.min(READ_CHUNK);
+            let mut into = (&mut self.buf).limit(want);
+            let n = with_idle(self.idle_timeout, self.rd.read_buf(&mut into)).await?;
             if n == 0 {
                 return Err(TransportError::Closed("peer closed the connection mid-body".into()));
             }
+            self.buf.clear();
             left -= n;
         }
         Ok(())
@@ -217,14 +219,24 @@ mod tests {
     use sluice_proto::message::{Ping, PushMerged, Section};
     use tokio::io::AsyncWriteExt;
 
+    /// A reader of a connection over which `wire` is written at once (by the returned task).
+    async fn reader_over(wire: Vec<u8>) -> (FrameReader, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let sender = tokio::spawn(async move {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(&wire).await.unwrap();
+        });
+        let (conn, _) = listener.accept().await.unwrap();
+        (FrameReader::new(conn, 64 << 20, None), sender)
+    }
+
     /// A head longer than one head read (a push naming 4,000 sections: ~48 KiB of fields), then
     /// its 1 MiB body, then a small frame, all written at once: each comes back whole and in
     /// order (the head is put together over several reads; the body's bytes that a head read
     /// took in are not lost or repeated).
     #[tokio::test]
     async fn heads_longer_than_a_head_read_and_the_body_after_them() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let body: Vec<u8> = (0..(1u32 << 20)).map(|i| (i * 7 + i / 251) as u8).collect();
         let entries: Vec<Section> = (0..4000u32)
             .map(|p| Section { partition_id: p, offset: p * 256, length: 256 })
@@ -237,13 +249,7 @@ mod tests {
         let mut wire = encode_frame(7, &push, &body).to_vec();
         assert!(wire.len() - body.len() > 3 * HEAD_READ, "the head must span several reads");
         wire.extend_from_slice(&encode_frame(8, &Message::Ping(Ping {}), &[]));
-        let sender = tokio::spawn(async move {
-            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-            s.write_all(&wire).await.unwrap();
-        });
-        let (conn, _) = listener.accept().await.unwrap();
-        let (rd, _wr) = conn.into_split();
-        let mut reader = FrameReader::new(rd, 64 << 20, None);
+        let (mut reader, sender) = reader_over(wire).await;
         let (h, m) = reader.read_head().await.unwrap().expect("a frame");
         assert_eq!(h.request_id, 7);
         let Message::PushMerged(p) = m else { panic!("not the push: {m:?}") };
@@ -252,6 +258,29 @@ mod tests {
         assert!(got[..] == body[..], "the body differs");
         let (h, m) = reader.read_head().await.unwrap().expect("the ping");
         assert_eq!((h.request_id, h.body_len()), (8, 0));
+        assert!(matches!(m, Message::Ping(_)), "{m:?}");
+        sender.await.unwrap();
+        assert!(reader.read_head().await.unwrap().is_none(), "nothing after the ping");
+    }
+
+    /// A refused 1 MiB body is read and dropped through the reader's own buffer, which does not
+    /// grow for it, and the frame after it comes back whole.
+    #[tokio::test]
+    async fn a_discarded_body_leaves_the_next_frame_whole_and_the_read_buffer_as_it_was() {
+        let body: Vec<u8> = (0..(1u32 << 20)).map(|i| (i * 13) as u8).collect();
+        let push = Message::PushMerged(PushMerged {
+            app_id: "app".into(),
+            shuffle_id: 1,
+            entries: vec![Section { partition_id: 0, offset: 0, length: 1 << 20 }],
+        });
+        let mut wire = encode_frame(1, &push, &body).to_vec();
+        wire.extend_from_slice(&encode_frame(2, &Message::Ping(Ping {}), &[]));
+        let (mut reader, sender) = reader_over(wire).await;
+        let (h, _) = reader.read_head().await.unwrap().expect("the push");
+        reader.discard_body(h.body_len()).await.unwrap();
+        assert!(reader.buf.capacity() <= READ_CHUNK, "{} bytes kept", reader.buf.capacity());
+        let (h, m) = reader.read_head().await.unwrap().expect("the ping");
+        assert_eq!((h.request_id, h.body_len()), (2, 0));
         assert!(matches!(m, Message::Ping(_)), "{m:?}");
         sender.await.unwrap();
         assert!(reader.read_head().await.unwrap().is_none(), "nothing after the ping");

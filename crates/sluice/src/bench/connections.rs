@@ -10,6 +10,15 @@
 //! Each client keeps the client's default window of bytes in flight, or, with
 //! `--inflight-total`, a share of that total (at least one batch).
 //!
+//! Every count's clients do this `--passes` times (2 by default), a shuffle per pass, through
+//! the same connections; the row's figures are the later passes', the first pass's are beside
+//! them. The first pass measures this process as much as the server: one process plays every
+//! client, and at 1,000 clients each one's whole share (1 MiB of 1 GiB) is in flight at once,
+//! so the bench holds ~1 GiB it touches for the first time (the kernel zeroing pages was a
+//! quarter of the machine's samples in a 1,000-client run, docs/benchmarks-log.md), where 10
+//! clients recycle their windows. A real cluster's clients are executors on many machines,
+//! each warm and each touching only its own share.
+//!
 //! With `--rounds N` every count runs N times, the order of the counts reversed every other
 //! round (10, 100, 1,000, then 1,000, 100, 10, …), so that neither the first run after a start
 //! (the bench's own memory touched for the first time) nor a drift of the machine's speed
@@ -54,6 +63,11 @@ pub struct ConnArgs {
     /// Runs of every count, the counts' order reversed every other round; rows give medians.
     #[arg(long, default_value_t = 1)]
     pub rounds: u32,
+    /// Shuffles pushed and read back through the same connected clients at every count and
+    /// round; the row's figures are the medians of the passes after the first, the first
+    /// pass's are reported beside them (`first_pass_*`).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub passes: u32,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -122,15 +136,89 @@ async fn one_count(args: &ConnArgs, n: u32) -> anyhow::Result<serde_json::Value>
     let clients: Vec<ShuffleClient> =
         (0..n).map(|_| ShuffleClient::new(app.clone(), opts())).collect();
     clients[0].register_app().await?;
-    let a = clients[0].register_shuffle(0, n, n, 1).await?;
     let batch = Arc::new(super::shuffle::payload(args.batch_bytes as usize));
     let per_client = (args.bytes / n as u64 / args.batch_bytes).max(1);
+
+    let mut passes = Vec::with_capacity(args.passes as usize);
+    for pass in 0..args.passes {
+        let p = one_pass(&cluster, &clients, pass, per_client, &batch).await;
+        passes.push(p.with_context(|| format!("pass {}", pass + 1))?);
+    }
+    // The row's figures are the passes after the first (medians), when there are any: by then
+    // the bench process — one process playing every client, where a real cluster has one per
+    // machine — has touched the memory it needs once (see the module's comment).
+    let later = if passes.len() > 1 { &passes[1..] } else { &passes[..] };
+    let median = |k: &str| {
+        let mut v: Vec<f64> = later.iter().filter_map(|r| r[k].as_f64()).collect();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        (n > 0).then(|| if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
+    };
+    let first = &passes[0];
+    let peak = server.peak_rss_bytes();
+    let allowed = args.memory_budget + (64 << 20) + (64 << 10) * n as u64;
+    let bytes = first["bytes"].as_u64().unwrap_or(0);
+    let gb = bytes as f64 / 1e9;
+    let push_gbps = median("push_gbps");
+    let setup_s = median("setup_seconds");
+    let with_setup = push_gbps.zip(setup_s).map(|(p, s)| gb / (gb / p + s));
+    let max = |k: &str| passes.iter().filter_map(|r| r[k].as_u64()).max();
+    let sum = |k: &str| passes.iter().filter_map(|r| r[k].as_u64()).sum::<u64>();
+    Ok(json!({
+        "connections": n,
+        "bytes": bytes,
+        "push_gbps": push_gbps,
+        "push_gbps_with_setup": with_setup,
+        "setup_seconds": setup_s,
+        "listen_overflows": sum("listen_overflows"),
+        "fetch_gbps": median("fetch_gbps"),
+        "push_server_cpu_s_per_gb": median("push_server_cpu_s_per_gb"),
+        "fetch_server_cpu_s_per_gb": median("fetch_server_cpu_s_per_gb"),
+        "first_pass_push_gbps": first["push_gbps"],
+        "first_pass_push_gbps_with_setup": first["push_gbps_with_setup"],
+        "first_pass_setup_seconds": first["setup_seconds"],
+        "first_pass_fetch_gbps": first["fetch_gbps"],
+        "server_peak_rss_bytes": peak,
+        "server_rss_after_push_bytes": max("server_rss_after_push_bytes"),
+        "rss_allowed_bytes": allowed,
+        "rss_within": peak <= allowed,
+        "server_threads": max("server_threads"),
+        "pushes_held": sum("pushes_held"),
+        "client_inflight_bytes": window,
+        "busy_replies": sum("busy_replies"),
+        "passes": passes,
+        "load": super::transport::loadavg(),
+    }))
+}
+
+/// One pass of a count: shuffle `pass` registered, each client's writer made and its connection
+/// checked (the set-up, timed on its own), every client pushing `per_client` batches into its
+/// own partition (timed), the commit, every client reading its partition back (timed), then the
+/// shuffle unregistered (its bytes freed: the data is on tmpfs). Returns the pass's figures.
+async fn one_pass(
+    cluster: &Cluster,
+    clients: &[ShuffleClient],
+    pass: u32,
+    per_client: u64,
+    batch: &Arc<Vec<u8>>,
+) -> anyhow::Result<serde_json::Value> {
+    let server = &cluster.servers[0];
+    let n = clients.len() as u32;
+    let a = clients[0].register_shuffle(pass, n, n, 1).await?;
 
     // Set-up first, timed on its own: every client's writer (it asks a coordinator for the
     // shuffle's splits) and its connection to the server (a ping), all at once. The push is
     // timed from when all N are connected: the rate N open connections move, not how fast N
-    // connections are made (`setup_seconds`; `push_gbps_with_setup` counts both).
+    // connections are made (`setup_seconds`; `push_gbps_with_setup` counts both). In passes
+    // after the first the connections are open already; the writers are new.
     let addr = server.addr;
+    let pressure = || {
+        (
+            metric(server, "sluice_server_pushes_held_total"),
+            metric(server, "sluice_server_busy_replies_total"),
+        )
+    };
+    let pressure0 = pressure();
     let overflows0 = listen_overflows();
     let t = Instant::now();
     let setups = clients.iter().enumerate().map(|(i, c)| {
@@ -171,11 +259,9 @@ async fn one_count(args: &ConnArgs, n: u32) -> anyhow::Result<serde_json::Value>
     let threads_push = threads_of(server.pid());
     let rss_after_push = server.rss_bytes();
     // Memory pressure while pushing: pushes the server held until its flushers made room, and
-    // pushes it answered `Busy` (each sent again after a back-off).
-    let (held, busy) = (
-        metric(server, "sluice_server_pushes_held_total"),
-        metric(server, "sluice_server_busy_replies_total"),
-    );
+    // pushes it answered `Busy` (each sent again after a back-off), in this pass.
+    let (held, busy) = pressure();
+    let (held, busy) = (held.saturating_sub(pressure0.0), busy.saturating_sub(pressure0.1));
     let stored: u64 = clients[0].commit_shuffle(&a).await?.iter().sum();
     anyhow::ensure!(stored >= pushed, "server stored {stored} bytes of {pushed} pushed");
 
@@ -199,11 +285,10 @@ async fn one_count(args: &ConnArgs, n: u32) -> anyhow::Result<serde_json::Value>
     let fetch_s = secs(t);
     let fetch_cpu = cpu_seconds(server.pid()) - cpu1;
     anyhow::ensure!(fetched == pushed, "read {fetched} bytes of {pushed} pushed");
-    let peak = server.peak_rss_bytes();
-    let allowed = args.memory_budget + (64 << 20) + (64 << 10) * n as u64;
+    clients[0].unregister_shuffle(&a).await?;
     let gb = pushed as f64 / 1e9;
     Ok(json!({
-        "connections": n,
+        "pass": pass + 1,
         "bytes": pushed,
         "push_gbps": gb / push_s,
         "push_gbps_with_setup": gb / (push_s + setup_s),
@@ -212,15 +297,10 @@ async fn one_count(args: &ConnArgs, n: u32) -> anyhow::Result<serde_json::Value>
         "fetch_gbps": gb / fetch_s,
         "push_server_cpu_s_per_gb": push_cpu / gb,
         "fetch_server_cpu_s_per_gb": fetch_cpu / gb,
-        "server_peak_rss_bytes": peak,
         "server_rss_after_push_bytes": rss_after_push,
-        "rss_allowed_bytes": allowed,
-        "rss_within": peak <= allowed,
         "server_threads": threads_push,
         "pushes_held": held,
-        "client_inflight_bytes": window,
         "busy_replies": busy,
-        "load": super::transport::loadavg(),
     }))
 }
 
@@ -252,19 +332,27 @@ pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
         }
     }
     let mut rows: Vec<serde_json::Value> = runs.into_iter().map(summarize).collect();
-    let (p0, f0) = (rows[0]["push_gbps"].as_f64(), rows[0]["fetch_gbps"].as_f64());
-    let s0 = rows[0]["push_gbps_with_setup"].as_f64();
+    // Each figure against the first count's (10 connections by default).
+    let ratios = [
+        ("push_gbps", "push_vs_first"),
+        ("push_gbps_with_setup", "push_with_setup_vs_first"),
+        ("fetch_gbps", "fetch_vs_first"),
+        ("first_pass_push_gbps", "first_pass_push_vs_first"),
+        ("first_pass_push_gbps_with_setup", "first_pass_push_with_setup_vs_first"),
+        ("first_pass_fetch_gbps", "first_pass_fetch_vs_first"),
+    ];
+    let base: Vec<Option<f64>> = ratios.iter().map(|(k, _)| rows[0][*k].as_f64()).collect();
     for r in &mut rows {
-        r["push_vs_first"] = json!(r["push_gbps"].as_f64().zip(p0).map(|(a, b)| a / b));
-        let with_setup = r["push_gbps_with_setup"].as_f64();
-        r["push_with_setup_vs_first"] = json!(with_setup.zip(s0).map(|(a, b)| a / b));
-        r["fetch_vs_first"] = json!(r["fetch_gbps"].as_f64().zip(f0).map(|(a, b)| a / b));
+        for ((k, out), b) in ratios.iter().zip(&base) {
+            r[*out] = json!(r[*k].as_f64().zip(*b).map(|(a, b)| a / b));
+        }
     }
     let out = json!({
         "bench": "connections",
         "memory_budget_bytes": args.memory_budget,
         "nofile_limit": limit,
         "rounds": args.rounds,
+        "passes": args.passes,
         "inflight_total_bytes": args.inflight_total,
         "rows": rows,
     });
@@ -273,14 +361,15 @@ pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "bench connections: one server (budget {} MiB, data on tmpfs), clients' in-flight total {} MiB (0: 16 MiB each), {:.2} GiB pushed and read back per run, {} run(s) per count (medians)",
+        "bench connections: one server (budget {} MiB, data on tmpfs), clients' in-flight total {} MiB (0: 16 MiB each), {:.2} GiB pushed and read back per pass, {} pass(es) per run (figures: passes 2 on; \"1st pass\": the first's against the first count's), {} run(s) per count (medians)",
         args.memory_budget >> 20,
         args.inflight_total >> 20,
         args.bytes as f64 / (1u64 << 30) as f64,
+        args.passes,
         args.rounds
     );
     println!(
-        "  {:>6} {:>7} {:>9} {:>9} {:>7} {:>11} {:>10} {:>7} {:>14} {:>12} {:>8} {:>6} {:>6} {:>6}",
+        "  {:>6} {:>7} {:>9} {:>9} {:>7} {:>11} {:>10} {:>7} {:>15} {:>16} {:>14} {:>12} {:>8} {:>6} {:>6} {:>6}",
         "conns",
         "setup s",
         "overflows",
@@ -289,6 +378,8 @@ pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
         "with setup",
         "fetch GB/s",
         "vs 1st",
+        "1st pass: push",
+        "fetch (vs 1st)",
         "peak RSS MiB",
         "allowed MiB",
         "threads",
@@ -300,7 +391,7 @@ pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
         let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
         let mib = |k: &str| r[k].as_u64().unwrap_or(0) as f64 / 1048576.0;
         println!(
-            "  {:>6} {:>7.3} {:>9} {:>9.2} {:>7.2} {:>11.2} {:>10.2} {:>7.2} {:>14.0} {:>12.0} {:>8} {:>6} {:>6} {:>6}",
+            "  {:>6} {:>7.3} {:>9} {:>9.2} {:>7.2} {:>11.2} {:>10.2} {:>7.2} {:>15} {:>16} {:>14.0} {:>12.0} {:>8} {:>6} {:>6} {:>6}",
             r["connections"].as_u64().unwrap_or(0),
             f("setup_seconds"),
             r["listen_overflows"].as_u64().unwrap_or(0),
@@ -309,6 +400,8 @@ pub async fn run(args: ConnArgs) -> anyhow::Result<()> {
             f("push_gbps_with_setup"),
             f("fetch_gbps"),
             f("fetch_vs_first"),
+            format!("{:.2} ({:.2})", f("first_pass_push_gbps"), f("first_pass_push_vs_first")),
+            format!("{:.2} ({:.2})", f("first_pass_fetch_gbps"), f("first_pass_fetch_vs_first")),
             mib("server_peak_rss_bytes"),
             mib("rss_allowed_bytes"),
             r["server_threads"].as_u64().unwrap_or(0),
@@ -343,6 +436,10 @@ fn summarize(runs: Vec<serde_json::Value>) -> serde_json::Value {
         "fetch_gbps",
         "push_server_cpu_s_per_gb",
         "fetch_server_cpu_s_per_gb",
+        "first_pass_push_gbps",
+        "first_pass_push_gbps_with_setup",
+        "first_pass_setup_seconds",
+        "first_pass_fetch_gbps",
     ] {
         row[k] = json!(median(k));
     }

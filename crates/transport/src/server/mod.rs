@@ -29,8 +29,8 @@ use crate::stats::TransportStats;
 pub enum Admission<P> {
     /// Read the body; the permit travels with the [`Request`].
     Accept(P),
-    /// Do not keep the body: it is read and dropped through a bounded scratch buffer (never
-    /// buffered whole), and this message is the reply (e.g. `Busy`).
+    /// Do not keep the body: it is read and dropped through the connection's own read buffer
+    /// (never buffered whole), and this message is the reply (e.g. `Busy`).
     Reject(Message),
     /// Not yet decided: the connection reads nothing more until this future decides — `Ok`
     /// as [`Admission::Accept`], `Err` as [`Admission::Reject`]. Meanwhile the body waits in

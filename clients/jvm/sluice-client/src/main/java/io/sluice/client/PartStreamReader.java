@@ -336,6 +336,7 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
     chunkLengths = h.chunkLengths();
     streamOpen = true;
     openNanos = nanos;
+    fetchWaitNanos += nanos;
     nextToFetch = requested;
     nextToConsume = 0;
     for (StreamHandle.CommittedMap c : h.committed()) {
@@ -416,9 +417,9 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
   private void finishStream() {
     if (LOG.isDebugEnabled()) {
       LOG.debug("shuffle {} partition {} maps [{}, {}) read from {}: {} chunks, {} bytes; open "
-          + "{} us, first chunk {} us, all waits {} us", shuffleId, partition, mapStart, mapEnd,
-          client.peer(), chunkLengths.size(), bytesFetched, openNanos / 1000,
-          firstChunkWaitNanos / 1000, fetchWaitNanos / 1000);
+          + "{} us, first chunk {} us, all waits {} us (the open's included)", shuffleId,
+          partition, mapStart, mapEnd, client.peer(), chunkLengths.size(), bytesFetched,
+          openNanos / 1000, firstChunkWaitNanos / 1000, fetchWaitNanos / 1000);
     }
     closeStreamQuietly();
     for (Map.Entry<Integer, Committed> e : committed.entrySet()) {
@@ -512,7 +513,7 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
     return batchesRead;
   }
 
-  /** Time spent waiting for chunks, in nanoseconds. */
+  /** Time blocked waiting for the stream to open and for chunks to arrive, in nanoseconds. */
   public long fetchWaitNanos() {
     return fetchWaitNanos;
   }

@@ -245,7 +245,10 @@ public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseab
     return batchesRead + (current == null ? 0 : current.batchesRead());
   }
 
-  /** Time spent waiting for chunks, in nanoseconds. */
+  /**
+   * Time blocked waiting for streams to open and chunks to arrive, in nanoseconds (not what is
+   * done with a chunk once here: checking its checksums, cutting it into batches).
+   */
   public long fetchWaitNanos() {
     return fetchWaitNanos + (current == null ? 0 : current.fetchWaitNanos());
   }

@@ -262,6 +262,9 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
     private ByteBuf stream;
     private Iterator<Tuple2<Object, Object>> batch;
     private boolean done;
+    /** Time blocked on the network so far, and the part of it given to Spark's metrics. */
+    private long waitedNanos;
+    private long reportedWaitMs;
 
     RecordIterator(ShuffleGeneration generation, ShuffleSplits splits, SparkOutputs outputs) {
       this.generation = generation;
@@ -315,7 +318,7 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
       releaseStream();
       while (true) {
         if (client != null) {
-          long start = System.nanoTime();
+          long waitedBefore = client.fetchWaitNanos();
           boolean more = client.hasNext();
           ByteBuf payload = more ? client.next() : null;
           if (more && searchedAfter != partition && conf.client().prefetchNextPartition()
@@ -323,7 +326,7 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
             searchedAfter = partition;
             openNext();
           }
-          metrics.incFetchWaitTime(TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - start));
+          countFetchWait(client.fetchWaitNanos() - waitedBefore);
           if (more) {
             metrics.incRemoteBlocksFetched(1);
             metrics.incRemoteBytesRead(payload.readableBytes());
@@ -391,6 +394,22 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
       ShuffleBlockId blockId = new ShuffleBlockId(handle.shuffleId(), 0L, partition);
       InputStream in = serializerManager.wrapStream(blockId, new ByteBufInputStream(payload));
       return serializer.deserializeStream(in).asKeyValueIterator();
+    }
+
+    /**
+     * Adds time the task was blocked on the network to its fetch wait, as Spark's own reader
+     * counts it (the wait for a block to arrive, not what is done with it after): the streams'
+     * opening and their chunks' arrival. Checking a chunk's checksums and cutting it into
+     * batches is the task's CPU time. Kept in nanoseconds and handed to Spark in whole
+     * milliseconds as they add up, so that many short waits are not each rounded down to 0.
+     */
+    private void countFetchWait(long nanos) {
+      waitedNanos += nanos;
+      long ms = TimeUnit.NANOSECONDS.toMillis(waitedNanos);
+      if (ms > reportedWaitMs) {
+        metrics.incFetchWaitTime(ms - reportedWaitMs);
+        reportedWaitMs = ms;
+      }
     }
 
     private void releaseStream() {
