@@ -160,7 +160,14 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
         LOG.warn("reading shuffle {} partition {}{} failed ({}); re-opening on {} (retry {})",
             shuffleId, partition, part, e.getMessage(), server().hostPort(), failovers);
         if (!incomplete) {
-          CoordinatorClient.sleep(conf.retryWaitMs(failovers));
+          // The back-off is time the task waits for its data: counted, as Spark counts a
+          // retried fetch's wait.
+          long start = System.nanoTime();
+          try {
+            CoordinatorClient.sleep(conf.retryWaitMs(failovers));
+          } finally {
+            fetchWaitNanos += System.nanoTime() - start;
+          }
         }
       }
     }
@@ -292,7 +299,20 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
     }
   }
 
+  /**
+   * Opens the stream; the whole time this blocks (on a stream opened ahead, on an open that
+   * fails) is fetch wait.
+   */
   private void open() {
+    long start = System.nanoTime();
+    try {
+      openStream(start);
+    } finally {
+      fetchWaitNanos += System.nanoTime() - start;
+    }
+  }
+
+  private void openStream(long start) {
     CompletableFuture<Ahead> f = ahead;
     ahead = null;
     if (f != null) {
@@ -313,11 +333,10 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
         if (a.first() != null) {
           inFlight.add(a.first());
         }
-        opened(a.answer(), 0, a.first() != null ? 1 : 0);
+        opened(a.answer(), System.nanoTime() - start, a.first() != null ? 1 : 0);
         return;
       }
     }
-    long start = System.nanoTime();
     client = factory.getClient(server());
     Message m = client.callSync(
         new OpenStream(appId, shuffleId, partition, mapStart, mapEnd, attempts));
@@ -336,7 +355,6 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
     chunkLengths = h.chunkLengths();
     streamOpen = true;
     openNanos = nanos;
-    fetchWaitNanos += nanos;
     nextToFetch = requested;
     nextToConsume = 0;
     for (StreamHandle.CommittedMap c : h.committed()) {

@@ -464,6 +464,34 @@ class ShuffleRoundTripTest {
     assertEquals(expected(0, new int[] {0, 1}, 0, 8), read(a, 0, 0, 2));
   }
 
+  /**
+   * A read that fails over waits for the failed open and the back-off before the replica's open:
+   * all of it is the task's fetch wait, as Spark counts a retried fetch's.
+   */
+  @Test
+  void aFailedOverReadCountsItsBackOffAsFetchWait() {
+    ShuffleAssignment a = coord.registerShuffle(APP, 6, 1, 1, 2);
+    writeMap(a, 0, 0, 4, true);
+    coord.commitShuffle(APP, a);
+    String lost = a.primary(0).serverId();
+    (lost.equals("s1") ? s1 : s2).close();
+    // A back-off longer than the rest of the read takes, so that leaving it out shows.
+    SluiceConf slow = conf.with("sluice.client.retryWaitMs", "400");
+    try (ShuffleReaderClient r = new ShuffleReaderClient(factory, slow, APP, a.shuffleId(), a, 0,
+        0, 1)) {
+      int n = 0;
+      while (r.hasNext()) {
+        r.next();
+        n++;
+      }
+      assertEquals(4, n);
+      long backOff = TimeUnit.MILLISECONDS.toNanos(slow.retryWaitMs(1));
+      assertTrue(backOff > 0);
+      assertTrue(r.fetchWaitNanos() >= backOff,
+          "fetch wait " + r.fetchWaitNanos() + " ns leaves out the " + backOff + " ns back-off");
+    }
+  }
+
   /** A replicated shuffle registered with the coordinator and on both servers. */
   private ShuffleAssignment replicatedShuffle(int shuffleId, int maps, int partitions) {
     ShuffleAssignment a = coord.registerShuffle(APP, shuffleId, maps, partitions, 2);
