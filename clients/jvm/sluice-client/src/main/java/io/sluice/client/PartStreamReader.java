@@ -300,15 +300,20 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
   }
 
   /**
-   * Opens the stream; the whole time this blocks (on a stream opened ahead, on an open that
-   * fails) is fetch wait.
+   * Opens the stream. The time blocked until the answer is there is fetch wait ({@link #opened}
+   * adds it; reading the answer is not): on a stream opened ahead, on one opened now, and on an
+   * open that fails, whose whole time counts.
    */
   private void open() {
     long start = System.nanoTime();
+    long before = fetchWaitNanos;
     try {
       openStream(start);
-    } finally {
-      fetchWaitNanos += System.nanoTime() - start;
+    } catch (RuntimeException e) {
+      if (fetchWaitNanos == before) {
+        fetchWaitNanos += System.nanoTime() - start;
+      }
+      throw e;
     }
   }
 
@@ -355,6 +360,7 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
     chunkLengths = h.chunkLengths();
     streamOpen = true;
     openNanos = nanos;
+    fetchWaitNanos += nanos;
     nextToFetch = requested;
     nextToConsume = 0;
     for (StreamHandle.CommittedMap c : h.committed()) {
