@@ -144,7 +144,9 @@ impl ShuffleWriter {
         Ok(())
     }
 
-    /// Adds one ready-made batch payload (the caller made it self-contained).
+    /// Adds one ready-made batch payload (the caller made it self-contained), copied once into
+    /// a buffer behind the batch's header. [`add_batch_bytes`](Self::add_batch_bytes) takes one
+    /// the caller already holds as [`Bytes`] without copying it.
     pub async fn add_batch(&mut self, partition: u32, payload: &[u8]) -> Result<(), ClientError> {
         let p = partition as usize;
         self.seal(p).await?;
@@ -155,6 +157,33 @@ impl ShuffleWriter {
         self.seal(p).await
     }
 
+    /// Adds one ready-made batch payload without copying it: a batch of 64 KiB or more goes out
+    /// as its own push, its header and `payload` gathered into one `writev` (smaller ones are
+    /// merged with others, which copies them). The writer holds `payload` until every copy of
+    /// the batch is acknowledged.
+    pub async fn add_batch_bytes(
+        &mut self,
+        partition: u32,
+        payload: Bytes,
+    ) -> Result<(), ClientError> {
+        let p = partition as usize;
+        self.seal(p).await?;
+        if payload.is_empty() {
+            return Ok(());
+        }
+        let header = self.next_header(p, &payload);
+        self.route_batch(p, Body::from(vec![Bytes::copy_from_slice(&header), payload])).await
+    }
+
+    /// The header of partition `p`'s next batch, counted as sealed.
+    fn next_header(&mut self, p: usize, payload: &[u8]) -> [u8; BATCH_HEADER_LEN] {
+        let header =
+            BatchHeader::for_payload(self.map_id, self.attempt_id, self.next_batch[p], payload);
+        self.next_batch[p] += 1;
+        self.bytes[p] += (BATCH_HEADER_LEN + payload.len()) as u64;
+        header.to_bytes()
+    }
+
     /// Closes partition `p`'s open batch and routes it to its server.
     async fn seal(&mut self, p: usize) -> Result<(), ClientError> {
         if self.open[p].len() <= BATCH_HEADER_LEN {
@@ -162,16 +191,15 @@ impl ShuffleWriter {
             return Ok(());
         }
         let mut batch = std::mem::take(&mut self.open[p]);
-        let header = BatchHeader::for_payload(
-            self.map_id,
-            self.attempt_id,
-            self.next_batch[p],
-            &batch[BATCH_HEADER_LEN..],
-        );
-        batch[..BATCH_HEADER_LEN].copy_from_slice(&header.to_bytes());
-        self.next_batch[p] += 1;
-        self.bytes[p] += batch.len() as u64;
-        let batch = batch.freeze();
+        let header = self.next_header(p, &batch[BATCH_HEADER_LEN..]);
+        batch[..BATCH_HEADER_LEN].copy_from_slice(&header);
+        self.route_batch(p, Body::Memory(batch.freeze())).await
+    }
+
+    /// Sends a sealed batch (header and payload, in one piece or two) to partition `p`'s
+    /// server(s): alone as a `Push` when large, else merged into the server's next `PushMerged`.
+    async fn route_batch(&mut self, p: usize, batch: Body) -> Result<(), ClientError> {
+        let len = batch.len() as usize;
         // Learn about servers lost and partitions split meanwhile before routing the batch.
         self.reap()?;
         self.apply_splits().await;
@@ -183,7 +211,7 @@ impl ShuffleWriter {
                 continue;
             }
             self.batches_to[server][p] += 1;
-            if batch.len() >= MERGE_BELOW_BYTES {
+            if len >= MERGE_BELOW_BYTES {
                 let msg = Push {
                     app_id: self.client.inner.app_id.clone(),
                     shuffle_id: self.assignment.shuffle_id,
@@ -196,9 +224,11 @@ impl ShuffleWriter {
             m.sections.push(Section {
                 partition_id: p as u32,
                 offset: m.body.len() as u32,
-                length: batch.len() as u32,
+                length: len as u32,
             });
-            m.body.extend_from_slice(&batch);
+            for piece in batch.memory() {
+                m.body.extend_from_slice(piece);
+            }
             if m.body.len() >= self.client.inner.opts.push_frame_bytes {
                 self.send_merged(server).await?;
             }
@@ -254,15 +284,16 @@ impl ShuffleWriter {
             shuffle_id: self.assignment.shuffle_id,
             entries: m.sections,
         };
-        self.send(server, msg.into(), m.body.freeze()).await
+        self.send(server, msg.into(), Body::Memory(m.body.freeze())).await
     }
 
     /// Sends a push in the background once in-flight bytes allow it (dropped if the writer
     /// gives up on the server meanwhile).
-    async fn send(&mut self, server: usize, msg: Message, body: Bytes) -> Result<(), ClientError> {
+    async fn send(&mut self, server: usize, msg: Message, body: Body) -> Result<(), ClientError> {
         // Fail fast: a push that failed for good fails the attempt or loses its server.
         self.reap()?;
-        let units = body.len().div_ceil(PERMIT_BYTES).clamp(1, self.inflight_capacity()) as u32;
+        let units =
+            (body.len() as usize).div_ceil(PERMIT_BYTES).clamp(1, self.inflight_capacity()) as u32;
         let permit =
             self.inflight.clone().acquire_many_owned(units).await.expect("semaphore never closed");
         // Waiting for in-flight bytes may have taken a while: look again.
@@ -421,7 +452,7 @@ async fn push_with_retries(
     client: &ShuffleClient,
     addr: SocketAddr,
     msg: Message,
-    body: Bytes,
+    body: Body,
 ) -> Result<Vec<u32>, ClientError> {
     let opts = &client.inner.opts;
     let gate = client.inner.busy.get(addr);
@@ -434,7 +465,7 @@ async fn push_with_retries(
         let pass = gate.enter(opts.busy_max_retries).await.map_err(still_busy)?;
         let result = async {
             let conn = client.inner.pool.get(addr).await?;
-            expect_ok(conn.request(msg.clone(), Body::Memory(body.clone())).await?)
+            expect_ok(conn.request(msg.clone(), body.clone()).await?)
         }
         .await;
         // The gate learns the outcome before the next push in its queue may go.

@@ -25,7 +25,14 @@ async fn a_replicated_shuffle_survives_a_lost_server() {
             for seq in 0..60u32 {
                 // Mixed sizes: small batches go out merged, large ones alone.
                 let len = if seq % 5 == 0 { 80 << 10 } else { 300 };
-                w.add_batch(seq % parts, &framed(&[record(m, 0, seq, len)])).await.unwrap();
+                // Every other batch handed over as `Bytes`: its header and payload gathered,
+                // the same two pieces sent to both copies.
+                let batch = framed(&[record(m, 0, seq, len)]);
+                if seq % 2 == 0 {
+                    w.add_batch(seq % parts, &batch).await.unwrap();
+                } else {
+                    w.add_batch_bytes(seq % parts, batch.into()).await.unwrap();
+                }
                 sent += 1;
             }
             w.finish().await.unwrap();

@@ -72,6 +72,10 @@ pub enum Body {
     Empty,
     /// Bytes in memory, sent with `writev` beside the frame head (never copied into it).
     Memory(Bytes),
+    /// Pieces of memory sent one after another as one body, each its own iovec in the same
+    /// `writev` as the head: a body put together from parts (a batch's header and its caller's
+    /// payload) without copying them into one buffer first.
+    Memories(Arc<[Bytes]>),
     /// A file region, sent with `sendfile` (or the copy path when zero copy is off).
     File(FileRegion),
     /// File regions sent one after another as one body, each as [`Body::File`] is: a server
@@ -86,6 +90,7 @@ impl Body {
         match self {
             Body::Empty => 0,
             Body::Memory(b) => b.len() as u64,
+            Body::Memories(bs) => bs.iter().map(|b| b.len() as u64).sum(),
             Body::File(r) => r.len,
             Body::Files(rs) => rs.iter().map(|r| r.len).sum(),
         }
@@ -101,7 +106,7 @@ impl Body {
         match self {
             Body::File(r) => std::slice::from_ref(r),
             Body::Files(rs) => rs,
-            Body::Empty | Body::Memory(_) => &[],
+            Body::Empty | Body::Memory(_) | Body::Memories(_) => &[],
         }
     }
 
@@ -140,6 +145,15 @@ impl Body {
         }
     }
 
+    /// The pieces of an in-memory body ([`Body::Memory`] is one), in order; none for the others.
+    pub fn memory(&self) -> &[Bytes] {
+        match self {
+            Body::Memory(b) => std::slice::from_ref(b),
+            Body::Memories(bs) => bs,
+            Body::Empty | Body::File(_) | Body::Files(_) => &[],
+        }
+    }
+
     /// Whether the body has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -152,6 +166,19 @@ impl From<Bytes> for Body {
             Body::Empty
         } else {
             Body::Memory(b)
+        }
+    }
+}
+
+impl From<Vec<Bytes>> for Body {
+    /// Pieces of memory, the empty ones left out; one piece stays a [`Body::Memory`], none is
+    /// [`Body::Empty`].
+    fn from(mut bs: Vec<Bytes>) -> Body {
+        bs.retain(|b| !b.is_empty());
+        match bs.len() {
+            0 => Body::Empty,
+            1 => Body::Memory(bs.pop().expect("one piece")),
+            _ => Body::Memories(bs.into()),
         }
     }
 }
@@ -188,6 +215,21 @@ mod tests {
         let e = FileRegion::new(f.clone(), 90, 11).check_len().unwrap_err();
         assert!(matches!(e, TransportError::FileTruncated { file_len: 100, .. }));
         assert!(FileRegion::new(f, u64::MAX, 2).check_len().is_err());
+    }
+
+    #[test]
+    fn a_body_of_memory_pieces_is_their_concatenation() {
+        let body =
+            Body::from(vec![Bytes::from_static(b"head"), Bytes::new(), Bytes::from(vec![7u8; 10])]);
+        assert!(matches!(body, Body::Memories(ref bs) if bs.len() == 2));
+        assert!(!body.is_file() && body.regions().is_empty());
+        assert_eq!(body.len(), 14);
+        assert_eq!(body.memory().concat(), [&b"head"[..], &[7u8; 10]].concat());
+        assert!(matches!(
+            Body::from(vec![Bytes::new(), Bytes::from_static(b"x")]),
+            Body::Memory(_)
+        ));
+        assert!(matches!(Body::from(Vec::<Bytes>::new()), Body::Empty));
     }
 
     #[test]

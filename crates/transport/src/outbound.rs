@@ -117,7 +117,7 @@ impl OutFrame {
         let mut head = BytesMut::with_capacity(64);
         encode_head(request_id, message, body.len(), max_frame_bytes, &mut head)?;
         let head = head.freeze();
-        let mem_bytes = head.len() + if let Body::Memory(b) = &body { b.len() } else { 0 };
+        let mem_bytes = head.len() + body.memory().iter().map(Bytes::len).sum::<usize>();
         let file_frames = body.is_file() as usize;
         Ok(OutFrame { request_id, head, body, head_off: 0, body_off: 0, mem_bytes, file_frames })
     }
@@ -437,16 +437,23 @@ impl Writer {
                 iov.push(IoSlice::new(&f.head[f.head_off..]));
                 bytes += f.head.len() - f.head_off;
             }
-            match &f.body {
-                Body::Memory(b) => {
-                    let start = f.body_off as usize;
-                    if start < b.len() {
-                        iov.push(IoSlice::new(&b[start..]));
-                        bytes += b.len() - start;
-                    }
+            if f.body.is_file() {
+                break;
+            }
+            // The memory body's pieces from where the frame stands; a body of more pieces than
+            // iovecs left goes on in the next write.
+            let mut skip = f.body_off as usize;
+            for b in f.body.memory() {
+                if skip >= b.len() {
+                    skip -= b.len();
+                    continue;
                 }
-                Body::File(_) | Body::Files(_) => break,
-                Body::Empty => {}
+                if iov.len() == IOV_MAX {
+                    break;
+                }
+                iov.push(IoSlice::new(&b[skip..]));
+                bytes += b.len() - skip;
+                skip = 0;
             }
         }
         let n = match &mut self.wr {
@@ -485,8 +492,8 @@ impl Writer {
             }
             f.head_off += h;
             n -= h;
-            if let Body::Memory(b) = &f.body {
-                let r = n.min(b.len() - f.body_off as usize);
+            if !f.body.is_file() {
+                let r = n.min((f.body.len() - f.body_off) as usize);
                 f.body_off += r as u64;
                 n -= r;
             }

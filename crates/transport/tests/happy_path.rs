@@ -51,3 +51,37 @@ async fn push_echo_and_file_fetch() {
     drop(conn);
     server.stop().await;
 }
+
+/// A body sent in pieces (`Body::Memories`) arrives as their concatenation: pieces of many sizes,
+/// more of them than one `writev` takes (IOV_MAX), on concurrent requests sharing the writer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_in_pieces_arrives_whole() {
+    use bytes::Bytes;
+    let server = TestServer::start(TestHandler::default(), ServerConfig::default()).await;
+    let conn = Arc::new(Connection::connect(server.addr, &client_config()).await.unwrap());
+    let mut tasks = Vec::new();
+    for t in 0..4usize {
+        let conn = conn.clone();
+        tasks.push(tokio::spawn(async move {
+            let (m, _) = push(0);
+            let pieces: Vec<Bytes> = (0..1500 + t * 300)
+                .map(|i| {
+                    let len = [0, 1, 20, 700, 9000, 65536][(i + t) % 6];
+                    Bytes::from((0..len).map(|j| (i * 31 + j * 7 + t) as u8).collect::<Vec<u8>>())
+                })
+                .collect();
+            let want: Vec<u8> = pieces.concat();
+            let body = Body::from(pieces);
+            assert!(matches!(body, Body::Memories(_)));
+            assert_eq!(body.len(), want.len() as u64);
+            let reply = conn.request(m, body).await.unwrap();
+            assert_eq!(reply.body.len(), want.len());
+            assert!(reply.body[..] == want[..], "request {t}: the body came back changed");
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    drop(conn);
+    server.stop().await;
+}

@@ -25,7 +25,6 @@
 //! lands on one count alone; a count's row then holds the median of its runs' GB/s, its
 //! highest peak RSS, and every run's figures.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
@@ -136,7 +135,7 @@ async fn one_count(args: &ConnArgs, n: u32) -> anyhow::Result<serde_json::Value>
     let clients: Vec<ShuffleClient> =
         (0..n).map(|_| ShuffleClient::new(app.clone(), opts())).collect();
     clients[0].register_app().await?;
-    let batch = Arc::new(super::shuffle::payload(args.batch_bytes as usize));
+    let batch = bytes::Bytes::from(super::shuffle::payload(args.batch_bytes as usize));
     let per_client = (args.bytes / n as u64 / args.batch_bytes).max(1);
 
     let mut passes = Vec::with_capacity(args.passes as usize);
@@ -200,7 +199,7 @@ async fn one_pass(
     clients: &[ShuffleClient],
     pass: u32,
     per_client: u64,
-    batch: &Arc<Vec<u8>>,
+    batch: &bytes::Bytes,
 ) -> anyhow::Result<serde_json::Value> {
     let server = &cluster.servers[0];
     let n = clients.len() as u32;
@@ -244,7 +243,7 @@ async fn one_pass(
         let batch = batch.clone();
         tokio::spawn(async move {
             for _ in 0..per_client {
-                w.add_batch(i as u32, &batch).await?;
+                w.add_batch_bytes(i as u32, batch.clone()).await?;
             }
             w.finish().await?;
             Ok::<u64, anyhow::Error>(per_client * batch.len() as u64)

@@ -58,7 +58,7 @@ async fn push_batches(
     a: &Arc<Assignment>,
     args: &ShuffleBenchArgs,
 ) -> anyhow::Result<u64> {
-    let batch = Arc::new(payload(args.batch_bytes as usize));
+    let batch = bytes::Bytes::from(payload(args.batch_bytes as usize));
     let per_map = args.bytes / args.maps as u64 / args.batch_bytes;
     let tasks = (0..args.maps).map(|m| {
         let (client, a, batch) = (client.clone(), a.clone(), batch.clone());
@@ -66,7 +66,7 @@ async fn push_batches(
         tokio::spawn(async move {
             let mut w = client.writer(a, m, 0).await?;
             for i in 0..per_map {
-                w.add_batch(((i + m as u64) % parts as u64) as u32, &batch).await?;
+                w.add_batch_bytes(((i + m as u64) % parts as u64) as u32, batch.clone()).await?;
             }
             w.finish().await?;
             Ok::<u64, anyhow::Error>(per_map * batch.len() as u64)
@@ -116,11 +116,14 @@ pub async fn push(args: ShuffleBenchArgs) -> anyhow::Result<()> {
     let warm = client.register_shuffle(1, args.maps, args.partitions, 1).await?;
     push_batches(&client, &warm, &warm_args).await?;
     client.unregister_shuffle(&warm).await?;
-    let cpu0 = cpu_seconds(server(&cluster).pid());
+    let me = std::process::id();
+    let (cpu0, client_cpu0) = (cpu_seconds(server(&cluster).pid()), cpu_seconds(me));
     let t = Instant::now();
     let bytes = push_batches(&client, &a, &args).await?;
     let s = secs(t);
     let cpu = cpu_seconds(server(&cluster).pid()) - cpu0;
+    // The pushing clients are this process: on this machine they share its CPUs with the server.
+    let client_cpu = cpu_seconds(me) - client_cpu0;
     let sizes = client.commit_shuffle(&a).await?;
     let stored: u64 = sizes.iter().sum();
     let peak_rss = server(&cluster).peak_rss_bytes();
@@ -128,7 +131,7 @@ pub async fn push(args: ShuffleBenchArgs) -> anyhow::Result<()> {
     // The kernel baseline: the same bytes over as many connections as writers, in writes of a
     // push frame's size, into a blocking read-and-write loop; a warm-up of the same size first.
     let frame = client.options().push_frame_bytes.max(args.batch_bytes as usize);
-    let (base_s, base_cpu) = tokio::task::spawn_blocking({
+    let (base_s, base_cpu, base_client_cpu) = tokio::task::spawn_blocking({
         let (maps, bytes, warm) = (args.maps, bytes, warm_args.bytes);
         let dir = root.clone().unwrap_or_else(std::env::temp_dir);
         move || push_baseline_run(&dir, maps, bytes, warm, frame)
@@ -136,6 +139,7 @@ pub async fn push(args: ShuffleBenchArgs) -> anyhow::Result<()> {
     .await??;
     let gb = bytes as f64 / 1e9;
     let (cpu_gb, base_cpu_gb) = (cpu / gb, base_cpu / gb);
+    let (client_cpu_gb, base_client_cpu_gb) = (client_cpu / gb, base_client_cpu / gb);
     let out = json!({
         "bench": "push",
         "bytes": bytes,
@@ -144,8 +148,10 @@ pub async fn push(args: ShuffleBenchArgs) -> anyhow::Result<()> {
         "ingest_gbps": gb / s,
         "server_cpu_s_per_gb": cpu_gb,
         "server_peak_rss_bytes": peak_rss,
+        "client_cpu_s_per_gb": client_cpu_gb,
         "baseline_gbps": gb / base_s,
         "baseline_cpu_s_per_gb": base_cpu_gb,
+        "baseline_client_cpu_s_per_gb": base_client_cpu_gb,
         "cpu_ratio": cpu_gb / base_cpu_gb.max(1e-9),
         "memory_budget_bytes": args.memory_budget,
         "data_on_tmpfs": root.is_some(),
@@ -164,17 +170,19 @@ pub async fn push(args: ShuffleBenchArgs) -> anyhow::Result<()> {
             out["load"].as_str().unwrap_or("?"),
         );
         println!(
-            "  {:<44} {:>6.2} GB/s  {:>6.3} CPU s/GB  peak RSS {:.0} MiB",
+            "  {:<44} {:>6.2} GB/s  {:>6.3} CPU s/GB (clients {:.3})  peak RSS {:.0} MiB",
             "sluice server",
             gb / s,
             cpu_gb,
+            client_cpu_gb,
             peak_rss as f64 / 1048576.0
         );
         println!(
-            "  {:<44} {:>6.2} GB/s  {:>6.3} CPU s/GB",
+            "  {:<44} {:>6.2} GB/s  {:>6.3} CPU s/GB (senders {:.3})",
             "kernel baseline (blocking recv + write loop)",
             gb / base_s,
-            base_cpu_gb
+            base_cpu_gb,
+            base_client_cpu_gb
         );
         println!(
             "  server CPU / baseline CPU: {:.2}x (target <= 1.5)",
@@ -186,23 +194,25 @@ pub async fn push(args: ShuffleBenchArgs) -> anyhow::Result<()> {
 }
 
 /// The kernel baseline of `bench push` (see `push_baseline`): a warm-up pass of `warm` bytes, then
-/// `bytes` measured; returns (seconds, the sink's CPU seconds) of the measured pass.
+/// `bytes` measured; returns (seconds, the sink's CPU seconds, this process's — the senders' —
+/// CPU seconds) of the measured pass.
 fn push_baseline_run(
     dir: &std::path::Path,
     conns: u32,
     bytes: u64,
     warm: u64,
     frame: usize,
-) -> anyhow::Result<(f64, f64)> {
+) -> anyhow::Result<(f64, f64, f64)> {
     let dir = tempfile::Builder::new().prefix("sluice-push-sink-").tempdir_in(dir)?;
     let sink = super::push_baseline::Sink::start(dir.path(), frame)?;
     let data = payload(frame);
     sink.send(conns, warm, frame, &data)?;
-    let cpu0 = sink.cpu_seconds();
+    let (cpu0, me) = (sink.cpu_seconds(), std::process::id());
+    let senders0 = cpu_seconds(me);
     let t = Instant::now();
     sink.send(conns, bytes, frame, &data)?;
     let s = secs(t);
-    Ok((s, sink.cpu_seconds() - cpu0))
+    Ok((s, sink.cpu_seconds() - cpu0, cpu_seconds(me) - senders0))
 }
 
 /// Reads every partition of a committed shuffle; returns (bytes, seconds, server CPU seconds).
