@@ -10,10 +10,10 @@ import io.netty.handler.codec.DecoderException;
  * as soon as its 13 bytes arrive, before anything is allocated for the rest of the frame; then the
  * fields are decoded strictly.
  *
- * <p>A body that arrives whole inside one received buffer and is smaller than {@link
- * #OWN_BUFFER_FROM} is handed on as a retained slice of it (no copy). Any other body gets one
- * buffer of its own, sized from the header ({@link BodyBuffers}), and the body's bytes go into it
- * as they arrive: a fetched chunk is one contiguous buffer, whatever the socket reads cut it into.
+ * <p>Every body gets one buffer of its own, sized from the header ({@link BodyBuffers}), and the
+ * body's bytes go into it as they arrive: a fetched chunk is one contiguous buffer, whatever the
+ * socket reads cut it into, and every body is of one buffer class (a small body that came whole
+ * in a received buffer is copied, at most {@link #OWN_BUFFER_FROM} bytes, rather than sliced).
  * With {@link #readTarget} (the channel's receive allocator asks for it, see {@link
  * #BODY_READS_FROM}) the socket reads the rest of such a body straight into that buffer, so its
  * bytes are copied once, by the kernel, as the Rust reader's are; only the part that came in with
@@ -27,7 +27,7 @@ import io.netty.handler.codec.DecoderException;
  * <p>Not sharable: one per channel; used on its event loop only.
  */
 public class FrameDecoder extends ChannelInboundHandlerAdapter {
-  /** Bodies from this size up always get a buffer of their own. */
+  /** Bodies below this size are copied whole from a received buffer when they are in it. */
   public static final int OWN_BUFFER_FROM = 64 * 1024;
   /** A body with at least this much still to come is read straight into its buffer. */
   public static final int BODY_READS_FROM = 64 * 1024;
@@ -56,7 +56,7 @@ public class FrameDecoder extends ChannelInboundHandlerAdapter {
 
   /**
    * @param maxFrameBytes the limit until {@link #setMaxFrameBytes} (65 536 before a handshake)
-   * @param bodies where bodies of {@link BodyBuffers#RECYCLED_FROM} bytes and more come from
+   * @param bodies where bodies come from
    */
   public FrameDecoder(int maxFrameBytes, BodyBuffers bodies) {
     this.maxFrameBytes = maxFrameBytes;
@@ -158,7 +158,9 @@ public class FrameDecoder extends ChannelInboundHandlerAdapter {
     if (bodyLen == 0) {
       ctx.fireChannelRead(new Frame(h.requestId(), m, null, h));
     } else if (bodyLen < OWN_BUFFER_FROM && in.readableBytes() >= bodyLen) {
-      ctx.fireChannelRead(new Frame(h.requestId(), m, in.readRetainedSlice(bodyLen), h));
+      ByteBuf own = bodies.take(ctx.alloc(), bodyLen);
+      own.writeBytes(in, bodyLen);
+      ctx.fireChannelRead(new Frame(h.requestId(), m, own, h));
     } else {
       bodyHeader = h;
       bodyMessage = m;

@@ -9,6 +9,7 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.netty.buffer.ByteBuf;
+import io.netty.buffer.ByteBufAllocator;
 import io.netty.buffer.ByteBufUtil;
 import io.netty.buffer.Unpooled;
 import io.netty.buffer.UnpooledByteBufAllocator;
@@ -63,10 +64,12 @@ class FrameDecoderTest {
 
   /** Checks the frames read from {@code ch} against {@code bodies} and releases them. */
   private static void expectFrames(EmbeddedChannel ch, List<ByteBuf> bodies) {
+    java.util.Set<Class<?>> bodyClasses = new java.util.HashSet<>();
     for (int i = 0; i < bodies.size(); i++) {
       Frame f = ch.readInbound();
       assertNotNull(f, "frame " + i + " missing");
       try {
+        bodyClasses.add(f.body().getClass());
         assertEquals(100 + i, f.requestId());
         assertEquals(new ChunkData(9, i), f.message());
         assertTrue(ByteBufUtil.equals(bodies.get(i), f.body()), "body of frame " + i + " differs");
@@ -82,6 +85,8 @@ class FrameDecoderTest {
       }
     }
     assertNull(ch.readInbound());
+    // Small, mid-sized and large bodies alike: the read path's calls on them see one class.
+    assertEquals(1, bodyClasses.size(), "bodies of one buffer class: " + bodyClasses);
   }
 
   /**
@@ -113,7 +118,8 @@ class FrameDecoderTest {
   }
 
   private static List<ByteBuf> bodies(Random rnd) {
-    // Recycled (> 1 MiB), own buffer (64 KiB .. 1 MiB), small (sliced), and recycled again.
+    // Size classes of whole MiB (> 1 MiB), of powers of two (64 KiB .. 1 MiB), a small body
+    // (in a received buffer with its head: copied), and whole MiB again.
     return List.of(chunk(rnd, 3 << 20), chunk(rnd, 200_000), chunk(rnd, 100),
         chunk(rnd, (3 << 20) + 12_345), chunk(rnd, 70_000));
   }
@@ -133,7 +139,9 @@ class FrameDecoderTest {
         int k = variant;
         while (pos < bytes.length) {
           int n = Math.min(sizes[k++ % sizes.length], bytes.length - pos);
-          ch.writeInbound(Unpooled.wrappedBuffer(bytes, pos, n));
+          // Received buffers of the default allocator's, as a channel's reads are: a small body
+          // that is whole in one is copied out, not sliced (the slice would be of its class).
+          ch.writeInbound(ByteBufAllocator.DEFAULT.directBuffer(n).writeBytes(bytes, pos, n));
           pos += n;
         }
         expectFrames(ch, bodies);
@@ -200,10 +208,45 @@ class FrameDecoderTest {
       e.release(); // after close: freed
       assertEquals(0, pool.cachedBytes());
       assertEquals(0, pool.outstanding());
-      // Small bodies come from the allocator.
+      // Small bodies are recycled too (freed on release here: the pool is closed).
       ByteBuf small = pool.take(UnpooledByteBufAllocator.DEFAULT, 1000);
-      assertEquals(0, pool.outstanding());
+      assertEquals(1000, small.capacity());
+      assertEquals(1, pool.outstanding());
       small.release();
+      assertEquals(0, pool.outstanding());
+    }
+    // Without a cache, bodies up to 1 MiB come from the allocator.
+    try (BodyBuffers none = new BodyBuffers(0)) {
+      ByteBuf small = none.take(UnpooledByteBufAllocator.DEFAULT, 1000);
+      assertEquals(0, none.outstanding());
+      small.release();
+    }
+  }
+
+  /** Size classes: 64 KiB, then powers of two up to 1 MiB, then whole MiB; reused by class. */
+  @Test
+  void bodiesOfOneSizeClassShareMemory() {
+    assertEquals(64 << 10, BodyBuffers.classBytes(1));
+    assertEquals(64 << 10, BodyBuffers.classBytes(64 << 10));
+    assertEquals(128 << 10, BodyBuffers.classBytes((64 << 10) + 1));
+    assertEquals(1 << 20, BodyBuffers.classBytes(700_000));
+    assertEquals(1 << 20, BodyBuffers.classBytes(1 << 20));
+    assertEquals(2 << 20, BodyBuffers.classBytes((1 << 20) + 1));
+    assertEquals(5 << 20, BodyBuffers.classBytes((4 << 20) + 7));
+    try (BodyBuffers pool = new BodyBuffers(8 << 20)) {
+      ByteBuf a = pool.take(UnpooledByteBufAllocator.DEFAULT, 300_000);
+      long address = a.memoryAddress();
+      a.release();
+      assertEquals(512 << 10, pool.cachedBytes());
+      ByteBuf b = pool.take(UnpooledByteBufAllocator.DEFAULT, 500_000);
+      assertEquals(address, b.memoryAddress(), "same size class: same memory");
+      ByteBuf c = pool.take(UnpooledByteBufAllocator.DEFAULT, 200_000);
+      assertTrue(c.memoryAddress() != address, "another class: other memory");
+      assertEquals(b.getClass(), c.getClass());
+      b.release();
+      c.release();
+      assertEquals(0, pool.outstanding());
+      assertEquals((512 << 10) + (256 << 10), pool.cachedBytes());
     }
   }
 
