@@ -22,7 +22,10 @@ USER_DEFAULTS = {
     "spark.sluice.writer.partitionBufferBytes": "256k",
     "spark.sluice.writer.bufferBytes": "32m",
     "spark.executor.extraJavaOptions": "",
+    "spark.driver.extraJavaOptions": "",
 }
+# Both modes: the JVMs' default JIT (the suite runs its JVMs on C1 alone).
+JVM_DEFAULTS = {"spark.driver.extraJavaOptions": "", "spark.executor.extraJavaOptions": ""}
 
 SETTINGS = {"spark.sql.shuffle.partitions": "2000", "spark.sql.adaptive.enabled": "false"}
 JOBS = 4
@@ -38,7 +41,7 @@ def job(spark):
 
 def compare(name, settings, job, sluice_cluster, spark_cluster):
     """Times `job` JOBS times on the built-in shuffle, then on Sluice, one application each."""
-    conf = dict(COMMON_CONF, **{"spark.master": spark_cluster.url}, **settings)
+    conf = dict(COMMON_CONF, **{"spark.master": spark_cluster.url}, **settings, **JVM_DEFAULTS)
     conf.update(classpath_conf())
     events = pathlib.Path(tempfile.mkdtemp(prefix=f"bench-builtin-{name}-"))
     spark = start_app(f"bench-builtin-{name}", conf, events / "events")

@@ -359,6 +359,13 @@ def spark_cluster(tmp_path_factory):
 # Spark applications: one per mode, every test job runs in both.
 # --------------------------------------------------------------------------------------------
 
+# The JIT of the tests' driver and executor JVMs: C1 only. The suite's jobs are short (seconds
+# each, ~90 applications per Spark version), and on 2 cores C2's compiles competed with them for
+# the CPU: with C1 alone the job suite (test_spark.py) ran in 45-48 s against 64-70 s with the
+# default tiers (alternating, docs/benchmarks-log.md#spark-tests-c1). What the tests check does
+# not depend on the JIT; the benchmarks (bench/spark, bench/jvm) keep the JVM's defaults.
+TEST_JVM_OPTS = "-XX:TieredStopAtLevel=1"
+
 # Same for both modes, so the only difference is the shuffle. Small partitions and buffers so
 # that a few thousand rows already make many batches, several map tasks and several partitions.
 COMMON_CONF = {
@@ -395,6 +402,8 @@ COMMON_CONF = {
     "spark.eventLog.rolling.enabled": "false",  # Spark 4's default rolls into a directory
     # Python workers import the test module (the jobs' functions are pickled by reference).
     "spark.executorEnv.PYTHONPATH": str(Path(__file__).resolve().parent),
+    "spark.driver.extraJavaOptions": TEST_JVM_OPTS,
+    "spark.executor.extraJavaOptions": TEST_JVM_OPTS,
 }
 
 
@@ -422,7 +431,7 @@ def sluice_conf(cluster):
         # Every buffer of the plugin's (shaded) Netty is tracked; a leak is logged with where the
         # buffer was used, and the session fails on it (see sluice_leaks).
         "spark.executor.extraJavaOptions":
-            "-Dio.sluice.shaded.io.netty.leakDetection.level=paranoid",
+            TEST_JVM_OPTS + " -Dio.sluice.shaded.io.netty.leakDetection.level=paranoid",
     }
 
 
