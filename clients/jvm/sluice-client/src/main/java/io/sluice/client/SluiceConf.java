@@ -42,7 +42,7 @@ import java.util.Map;
  * <tr><td>sluice.client.writeBufferHighWatermarkBytes</td><td>2m</td><td>a channel stops being writable above this much queued output</td></tr>
  * <tr><td>sluice.client.writeBufferLowWatermarkBytes</td><td>1m</td><td>and is writable again below this</td></tr>
  * <tr><td>sluice.client.maxReadBytes</td><td>1m</td><td>the most one socket read takes in (a fetched chunk is read straight into its own buffer this much at a time; with TLS, Netty's read buffers grow to it while reads fill them)</td></tr>
- * <tr><td>sluice.client.fetchBufferCacheBytes</td><td>64m</td><td>bytes of released chunk buffers kept for the next chunks of their size class, per process (0: bodies up to 1 MiB from Netty's allocator)</td></tr>
+ * <tr><td>sluice.client.fetchBufferCacheBytes</td><td>64m</td><td>bytes of released chunk buffers kept for the next chunks of their size class, per process; when full, the least recently used classes' buffers give way (0, or under 64 KiB: bodies up to 1 MiB from Netty's allocator)</td></tr>
  * <tr><td>sluice.client.preferEpoll</td><td>true</td><td>use native epoll when it loads</td></tr>
  * </table>
  */

@@ -51,8 +51,9 @@ import org.slf4j.LoggerFactory;
  */
 public final class TransportClientFactory implements AutoCloseable {
   /**
-   * The connections' allocator: their read buffers, frame heads and bodies up to 1 MiB (larger
-   * ones come from {@link BodyBuffers}). Netty's adaptive allocator keeps its chunks for reuse;
+   * The connections' allocator: their read buffers and frame heads (frame bodies come from
+   * {@link BodyBuffers}; from this allocator too, up to 1 MiB, only with
+   * {@code fetchBufferCacheBytes} 0). Netty's adaptive allocator keeps its chunks for reuse;
    * with the pooled one, a fetched chunk (then ~64 read buffers, held until the reader was done
    * with it) emptied whole pool chunks, which the pool then freed and allocated again: 35 % of the
    * event loops' CPU went to allocating and zeroing direct memory and its page faults while a
@@ -74,7 +75,7 @@ public final class TransportClientFactory implements AutoCloseable {
   /** TLS of every connection ({@code null}: plain TCP). */
   private final SslContext sslContext;
   private final String tlsEngine;
-  /** The buffers connections receive large bodies (fetched chunks) into, recycled. */
+  /** The buffers connections receive frame bodies (fetched chunks) into, recycled. */
   private final BodyBuffers bodies;
   private final LongAdder bodyBytesReadInPlace = new LongAdder();
   private final ConcurrentHashMap<String, Peer> peers = new ConcurrentHashMap<>();

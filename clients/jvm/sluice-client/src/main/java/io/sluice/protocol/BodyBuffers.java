@@ -4,7 +4,11 @@ import io.netty.buffer.ByteBuf;
 import io.netty.buffer.ByteBufAllocator;
 import io.netty.buffer.UnpooledByteBufAllocator;
 import io.netty.buffer.UnpooledUnsafeDirectByteBuf;
+import io.netty.util.ResourceLeakDetector;
+import io.netty.util.ResourceLeakDetectorFactory;
+import io.netty.util.ResourceLeakTracker;
 import io.netty.util.internal.PlatformDependent;
+import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.atomic.AtomicLong;
@@ -13,9 +17,15 @@ import java.util.concurrent.atomic.AtomicLong;
  * The buffers {@link FrameDecoder} receives frame bodies into: one direct buffer per body, sized
  * from its frame header, kept here for reuse. A released body goes back to a free list of its size
  * class (64 KiB, then powers of two up to 1 MiB, then whole MiB) and the next body of that class
- * reuses it, up to {@code maxCachedBytes} kept; beyond that a released buffer is freed. (Netty's
- * allocators pool only up to 1 MiB, and a fetched chunk is 4 MiB by default: each would otherwise be
- * a fresh allocation with its page faults.)
+ * reuses it, up to {@code maxCachedBytes} kept. A released body that finds the cache full makes
+ * room by freeing kept buffers of the other classes, the class taken least recently first (after a
+ * phase of 4 MiB chunks, the idle 5 MiB buffers make way for the next phase's 1 MiB ones); if
+ * that is not enough it is freed itself. (Netty's allocators pool only up to 1 MiB, and a fetched
+ * chunk is 4 MiB by default: each would otherwise be a fresh allocation with its page faults.)
+ *
+ * <p>Netty's leak detector tracks these buffers as its allocators' (its level and sampling): a
+ * body dropped without being released is reported as a {@code LEAK:} with where it was taken.
+ * The body itself is not wrapped for tracking, so it stays of one class whatever the level.
  *
  * <p>Every body is of one class (a slice of a {@code Recycled} buffer), whatever its size: the
  * read path's calls on bodies and on the batches sliced from them (CRC checks, batch headers,
@@ -25,9 +35,10 @@ import java.util.concurrent.atomic.AtomicLong;
  * ms of C2 each, while bodies came from two allocators; docs/benchmarks-log.md).
  *
  * <p>Thread-safe: bodies are taken on event loops and released by whichever thread is done with
- * them. With {@code maxCachedBytes} 0, bodies up to 1 MiB come from the channel's allocator and
- * larger ones are fresh buffers freed on release; without {@code sun.misc.Unsafe} (no direct
- * memory addresses) every body comes from the allocator and nothing is recycled.
+ * them. With {@code maxCachedBytes} 0 (or less than the smallest class, 64 KiB: nothing would
+ * fit), bodies up to 1 MiB come from the channel's allocator and larger ones are fresh buffers
+ * freed on release; without {@code sun.misc.Unsafe} (no direct memory addresses) every body comes
+ * from the allocator and nothing is recycled.
  */
 public final class BodyBuffers implements AutoCloseable {
   /** With nothing cached, bodies from this size up are fresh buffers of their own. */
@@ -37,15 +48,30 @@ public final class BodyBuffers implements AutoCloseable {
   private static final int MIB = 1 << 20;
 
   private final long maxCachedBytes;
-  private final ConcurrentHashMap<Integer, ConcurrentLinkedQueue<Recycled>> free =
-      new ConcurrentHashMap<>();
+  /** Kept buffers by size class (capacity). */
+  private final ConcurrentHashMap<Integer, FreeList> free = new ConcurrentHashMap<>();
   private final AtomicLong cachedBytes = new AtomicLong();
   private final AtomicLong outstanding = new AtomicLong();
+  private final ResourceLeakDetector<ByteBuf> leaks;
   private volatile boolean closed;
+
+  /** The kept buffers of one size class. */
+  private static final class FreeList {
+    final ConcurrentLinkedQueue<Recycled> buffers = new ConcurrentLinkedQueue<>();
+    /** {@link System#nanoTime()} of the class's last take: the least recent goes first. */
+    volatile long lastTaken = System.nanoTime();
+  }
 
   /** @param maxCachedBytes how many bytes of released bodies to keep for reuse (0: none) */
   public BodyBuffers(long maxCachedBytes) {
-    this.maxCachedBytes = maxCachedBytes;
+    this(maxCachedBytes,
+        ResourceLeakDetectorFactory.instance().newResourceLeakDetector(ByteBuf.class));
+  }
+
+  /** As {@link #BodyBuffers(long)}, with {@code leaks} tracking the bodies (tests). */
+  BodyBuffers(long maxCachedBytes, ResourceLeakDetector<ByteBuf> leaks) {
+    this.maxCachedBytes = maxCachedBytes < MIN_CLASS_BYTES ? 0 : maxCachedBytes;
+    this.leaks = leaks;
   }
 
   /**
@@ -57,13 +83,16 @@ public final class BodyBuffers implements AutoCloseable {
       return alloc.directBuffer(len, len);
     }
     int capacity = classBytes(len);
-    Recycled b = queue(capacity).poll();
+    FreeList list = list(capacity);
+    list.lastTaken = System.nanoTime();
+    Recycled b = list.buffers.poll();
     if (b != null) {
       cachedBytes.addAndGet(-capacity);
       b.reuse();
     } else {
       b = new Recycled(this, capacity);
     }
+    b.leak = leaks.track(b);
     outstanding.incrementAndGet();
     return b.slice(0, len).clear();
   }
@@ -79,26 +108,67 @@ public final class BodyBuffers implements AutoCloseable {
     return (int) Math.min(((len + (long) MIB - 1) / MIB) * MIB, Integer.MAX_VALUE);
   }
 
-  private ConcurrentLinkedQueue<Recycled> queue(int capacity) {
-    return free.computeIfAbsent(capacity, k -> new ConcurrentLinkedQueue<>());
+  private FreeList list(int capacity) {
+    FreeList list = free.get(capacity);
+    return list != null ? list : free.computeIfAbsent(capacity, k -> new FreeList());
   }
 
-  /** Takes back a released body: true if it is kept for reuse, false if it is to be freed. */
+  /**
+   * Takes back a released body: true if it is kept for reuse, false if it is to be freed. Room is
+   * made by freeing kept buffers of other classes, least recently taken first.
+   */
   private boolean giveBack(Recycled b) {
     outstanding.decrementAndGet();
-    if (closed) {
+    int capacity = b.capacity();
+    if (closed || capacity > maxCachedBytes) {
       return false;
     }
-    if (cachedBytes.addAndGet(b.capacity()) > maxCachedBytes) {
-      cachedBytes.addAndGet(-b.capacity());
-      return false;
+    while (true) {
+      long now = cachedBytes.get();
+      if (now + capacity <= maxCachedBytes) {
+        if (cachedBytes.compareAndSet(now, now + capacity)) {
+          break;
+        }
+      } else if (!freeOneOtherThan(capacity)) {
+        return false;
+      }
     }
-    queue(b.capacity()).offer(b);
-    if (closed && free.get(b.capacity()).remove(b)) {
-      cachedBytes.addAndGet(-b.capacity());
+    FreeList list = list(capacity);
+    list.buffers.offer(b);
+    if (closed && list.buffers.remove(b)) {
+      cachedBytes.addAndGet(-capacity);
       return false; // closed meanwhile: close() may have drained the list before the offer
     }
     return true;
+  }
+
+  /**
+   * Frees one kept buffer of the class taken least recently among those other than {@code
+   * capacity}'s: false if there is none to free.
+   */
+  private boolean freeOneOtherThan(int capacity) {
+    FreeList victim = null;
+    for (Map.Entry<Integer, FreeList> e : free.entrySet()) {
+      FreeList l = e.getValue();
+      if (e.getKey() != capacity && !l.buffers.isEmpty()
+          && (victim == null || l.lastTaken - victim.lastTaken < 0)) {
+        victim = l;
+      }
+    }
+    if (victim == null) {
+      return false;
+    }
+    Recycled old = victim.buffers.poll();
+    if (old != null) { // null: taken meanwhile, which also made room; the caller looks again
+      cachedBytes.addAndGet(-old.capacity());
+      old.free();
+    }
+    return true;
+  }
+
+  /** Whether {@code body} is one of these buffers (a slice of a kept-for-reuse buffer). */
+  static boolean isRecycled(ByteBuf body) {
+    return body.unwrap() instanceof Recycled;
   }
 
   /** Recycled bodies handed out and not yet released (tests: 0 once every frame is released). */
@@ -115,8 +185,8 @@ public final class BodyBuffers implements AutoCloseable {
   @Override
   public void close() {
     closed = true;
-    for (ConcurrentLinkedQueue<Recycled> q : free.values()) {
-      for (Recycled b; (b = q.poll()) != null; ) {
+    for (FreeList list : free.values()) {
+      for (Recycled b; (b = list.buffers.poll()) != null; ) {
         cachedBytes.addAndGet(-b.capacity());
         b.free();
       }
@@ -126,6 +196,8 @@ public final class BodyBuffers implements AutoCloseable {
   /** A direct buffer that goes back to its {@link BodyBuffers} when released. */
   private static final class Recycled extends UnpooledUnsafeDirectByteBuf {
     private final BodyBuffers owner;
+    /** Netty's leak tracking of this buffer while it is out ({@code null}: not sampled). */
+    ResourceLeakTracker<ByteBuf> leak;
 
     Recycled(BodyBuffers owner, int capacity) {
       super(UnpooledByteBufAllocator.DEFAULT, capacity, capacity);
@@ -143,6 +215,11 @@ public final class BodyBuffers implements AutoCloseable {
 
     @Override
     protected void deallocate() {
+      ResourceLeakTracker<ByteBuf> tracked = leak;
+      if (tracked != null) {
+        leak = null;
+        tracked.close(this);
+      }
       if (!owner.giveBack(this)) {
         super.deallocate();
       }
