@@ -422,40 +422,8 @@ impl Writer {
     /// One `writev` over the heads and memory bodies at the front of the queue, up to the first
     /// file body (whose head is included). Returns the bytes written.
     async fn write_gathered(&mut self) -> Result<u64, TransportError> {
-        let opts = &self.shared.opts;
-        let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity((self.queue.len() * 2).min(IOV_MAX));
-        let mut bytes = 0usize;
-        for (i, f) in self.queue.iter().enumerate() {
-            if i > 0
-                && (i >= opts.max_frames_per_write
-                    || iov.len() + 2 > IOV_MAX
-                    || bytes >= opts.max_bytes_per_write)
-            {
-                break;
-            }
-            if !f.head_done() {
-                iov.push(IoSlice::new(&f.head[f.head_off..]));
-                bytes += f.head.len() - f.head_off;
-            }
-            if f.body.is_file() {
-                break;
-            }
-            // The memory body's pieces from where the frame stands; a body of more pieces than
-            // iovecs left goes on in the next write.
-            let mut skip = f.body_off as usize;
-            for b in f.body.memory() {
-                if skip >= b.len() {
-                    skip -= b.len();
-                    continue;
-                }
-                if iov.len() == IOV_MAX {
-                    break;
-                }
-                iov.push(IoSlice::new(&b[skip..]));
-                bytes += b.len() - skip;
-                skip = 0;
-            }
-        }
+        let mut iov = Vec::with_capacity((self.queue.len() * 2).min(IOV_MAX));
+        gather(&self.queue, &self.shared.opts, &mut iov);
         let n = match &mut self.wr {
             Sink::Plain(wr) | Sink::Ktls(wr) => loop {
                 match wr.try_write_vectored(&iov) {
@@ -483,30 +451,10 @@ impl Writer {
     }
 
     /// Moves the front frames' progress past `n` written bytes, retiring completed frames.
-    fn advance(&mut self, mut n: usize) {
-        let (mut mem, mut files, mut heads) = (0, 0, 0u64);
-        while let Some(f) = self.queue.front_mut() {
-            let h = n.min(f.head.len() - f.head_off);
-            if h > 0 && f.head_off + h == f.head.len() {
-                heads += 1;
-            }
-            f.head_off += h;
-            n -= h;
-            if !f.body.is_file() {
-                let r = n.min((f.body.len() - f.body_off) as usize);
-                f.body_off += r as u64;
-                n -= r;
-            }
-            if !f.done() {
-                break;
-            }
-            mem += f.mem_bytes;
-            files += f.file_frames;
-            self.queue.pop_front();
-        }
-        debug_assert_eq!(n, 0, "writev wrote more than was gathered");
-        TransportStats::add(&self.shared.stats.writev_frames, heads);
-        self.shared.release(mem, files);
+    fn advance(&mut self, n: usize) {
+        let r = advance(&mut self.queue, n);
+        TransportStats::add(&self.shared.stats.writev_frames, r.heads);
+        self.shared.release(r.mem, r.files);
     }
 
     /// Sends (part of) the front frame's file body, from one of its regions, and retires the
@@ -620,6 +568,81 @@ impl Writer {
     }
 }
 
+/// Gathers into `iov` the heads and memory bodies at the front of `queue`, from where each
+/// frame stands, up to the first file body (whose head is included), within the write's bounds:
+/// `max_frames_per_write` frames, `IOV_MAX` iovecs, `max_bytes_per_write` bytes (the first frame
+/// always goes in, at least in part). A memory body of more pieces than iovecs left goes on in
+/// the next write.
+fn gather<'a>(queue: &'a VecDeque<OutFrame>, opts: &WriterOptions, iov: &mut Vec<IoSlice<'a>>) {
+    let mut bytes = 0usize;
+    for (i, f) in queue.iter().enumerate() {
+        if i > 0
+            && (i >= opts.max_frames_per_write
+                || iov.len() + 2 > IOV_MAX
+                || bytes >= opts.max_bytes_per_write)
+        {
+            break;
+        }
+        if !f.head_done() {
+            iov.push(IoSlice::new(&f.head[f.head_off..]));
+            bytes += f.head.len() - f.head_off;
+        }
+        if f.body.is_file() {
+            break;
+        }
+        let mut skip = f.body_off as usize;
+        for b in f.body.memory() {
+            if skip >= b.len() {
+                skip -= b.len();
+                continue;
+            }
+            if iov.len() == IOV_MAX {
+                break;
+            }
+            iov.push(IoSlice::new(&b[skip..]));
+            bytes += b.len() - skip;
+            skip = 0;
+        }
+    }
+}
+
+/// What [`advance`] retired: the watermark accounting of the frames that left the queue, and the
+/// heads completed.
+#[derive(Debug, Default, PartialEq)]
+struct Retired {
+    mem: usize,
+    files: usize,
+    heads: u64,
+}
+
+/// Moves the front frames of `queue` past `n` bytes written from what [`gather`] gave, retiring
+/// the frames that are done. A file body's bytes are never counted here (`sendfile` and the copy
+/// path move those).
+fn advance(queue: &mut VecDeque<OutFrame>, mut n: usize) -> Retired {
+    let mut r = Retired::default();
+    while let Some(f) = queue.front_mut() {
+        let h = n.min(f.head.len() - f.head_off);
+        if h > 0 && f.head_off + h == f.head.len() {
+            r.heads += 1;
+        }
+        f.head_off += h;
+        n -= h;
+        if !f.body.is_file() {
+            let b = n.min((f.body.len() - f.body_off) as usize);
+            f.body_off += b as u64;
+            n -= b;
+        }
+        if !f.done() {
+            break;
+        }
+        r.mem += f.mem_bytes;
+        r.files += f.file_frames;
+        queue.pop_front();
+    }
+    debug_assert_eq!(n, 0, "writev wrote more than was gathered");
+    r
+}
+
 /// Mid-frame end of file: the header promised more bytes than the file has. The stream cannot be
 /// repaired (the peer waits for the rest of the body), so this is fatal for the connection.
 fn truncated(region: &FileRegion) -> TransportError {
@@ -663,5 +686,178 @@ async fn wait_writable(wr: &OwnedWriteHalf, shared: &Shared) -> Result<(), Trans
                 })
             }
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The gathering writer's bookkeeping without a socket: a simulated `writev` takes a chosen
+    //! number of bytes from what [`gather`] offers, [`advance`] moves the queue past them, and
+    //! what came out must be the frames' wire bytes, in order, each frame retired once.
+
+    use super::*;
+    use sluice_proto::encode_frame;
+    use sluice_proto::message::Pong;
+
+    fn opts() -> WriterOptions {
+        WriterOptions {
+            high_watermark_bytes: usize::MAX,
+            low_watermark_bytes: 0,
+            max_file_frames: 64,
+            max_frames_per_write: IOV_MAX / 2,
+            max_bytes_per_write: usize::MAX,
+            zero_copy: true,
+            copy_buffer_bytes: 1 << 16,
+            idle_timeout: None,
+        }
+    }
+
+    /// A frame whose memory body is `pieces` pieces of `piece` bytes, each piece's bytes
+    /// distinct from its neighbours', and the frame's wire bytes.
+    fn frame(id: u32, pieces: usize, piece: usize) -> (OutFrame, Vec<u8>) {
+        let parts: Vec<Bytes> =
+            (0..pieces).map(|p| Bytes::from(vec![(id as usize * 31 + p) as u8; piece])).collect();
+        let flat: Vec<u8> = parts.iter().flat_map(|b| b.iter().copied()).collect();
+        let msg = Message::Pong(Pong {});
+        let wire = encode_frame(id, &msg, &flat).to_vec();
+        (OutFrame::new(id, &msg, Body::from(parts), u32::MAX).unwrap(), wire)
+    }
+
+    /// Drains `queue` with writes of the sizes `sizes` yields (each cut to what was gathered),
+    /// checking every gather's bounds; returns the bytes written, what was retired, the writes.
+    fn drain(
+        mut queue: VecDeque<OutFrame>,
+        opts: &WriterOptions,
+        mut sizes: impl FnMut(usize, &[IoSlice<'_>]) -> usize,
+    ) -> (Vec<u8>, Retired, usize) {
+        let (mut out, mut total, mut writes) = (Vec::new(), Retired::default(), 0);
+        while !queue.is_empty() {
+            let mut iov = Vec::new();
+            gather(&queue, opts, &mut iov);
+            assert!(!iov.is_empty() && iov.len() <= IOV_MAX, "gathered {} iovecs", iov.len());
+            let offered: usize = iov.iter().map(|s| s.len()).sum();
+            let mut n = sizes(writes, &iov).clamp(1, offered);
+            let wrote = n;
+            for s in &iov {
+                let k = n.min(s.len());
+                out.extend_from_slice(&s[..k]);
+                n -= k;
+                if n == 0 {
+                    break;
+                }
+            }
+            drop(iov);
+            let r = advance(&mut queue, wrote);
+            total.mem += r.mem;
+            total.files += r.files;
+            total.heads += r.heads;
+            writes += 1;
+        }
+        (out, total, writes)
+    }
+
+    fn queue_of(frames: Vec<(OutFrame, Vec<u8>)>) -> (VecDeque<OutFrame>, Vec<u8>, usize) {
+        let mem = frames.iter().map(|(f, _)| f.mem_bytes).sum();
+        let wire = frames.iter().flat_map(|(_, w)| w.iter().copied()).collect();
+        (frames.into_iter().map(|(f, _)| f).collect(), wire, mem)
+    }
+
+    #[test]
+    fn writes_ending_anywhere_resume_where_they_stopped() {
+        // Writes of 1 byte, of each size up to two pieces and a head, and of whole gathers,
+        // so that writes end inside heads, on piece boundaries, one byte either side of them
+        // and between frames.
+        for size in (1..=40).chain([63, 64, 65, 127, 128, 129, usize::MAX]) {
+            let frames = (0..12).map(|i| frame(i, (i % 5 + 1) as usize, 32)).collect();
+            let (queue, wire, mem) = queue_of(frames);
+            let (out, retired, _) = drain(queue, &opts(), |_, _| size);
+            assert!(out == wire, "write size {size}: wrong bytes");
+            assert_eq!(retired, Retired { mem, files: 0, heads: 12 }, "write size {size}");
+        }
+    }
+
+    #[test]
+    fn a_body_of_more_pieces_than_iovecs_goes_on_in_the_next_write() {
+        // 2,500 pieces: three gathers' worth at IOV_MAX iovecs, behind and before small frames.
+        let frames = vec![frame(1, 3, 10), frame(2, 2_500, 3), frame(3, 4, 5)];
+        let (queue, wire, mem) = queue_of(frames);
+        let mut gathered = Vec::new();
+        let (out, retired, writes) = drain(queue, &opts(), |_, iov| {
+            gathered.push(iov.len());
+            usize::MAX
+        });
+        assert!(out == wire);
+        assert_eq!(retired, Retired { mem, files: 0, heads: 3 });
+        assert_eq!(writes, 3, "iovecs per gather: {gathered:?}");
+        assert_eq!(gathered[0], IOV_MAX, "the first gather stops at IOV_MAX");
+
+        // Writes that end exactly at a gather's end, then one byte short of and one past a
+        // piece boundary further on.
+        for cut in [0usize, 1, 2] {
+            let frames = vec![frame(1, 3, 10), frame(2, 2_500, 3), frame(3, 4, 5)];
+            let (queue, wire, mem) = queue_of(frames);
+            let (out, retired, _) = drain(queue, &opts(), |w, iov| {
+                let offered: usize = iov.iter().map(|s| s.len()).sum();
+                if w % 2 == 0 {
+                    offered
+                } else {
+                    3 * 7 + cut
+                }
+            });
+            assert!(out == wire, "cut {cut}");
+            assert_eq!(retired, Retired { mem, files: 0, heads: 3 }, "cut {cut}");
+        }
+    }
+
+    #[test]
+    fn a_gather_keeps_to_its_frame_and_byte_bounds() {
+        let mut o = opts();
+        o.max_frames_per_write = 4;
+        let frames: Vec<_> = (0..10).map(|i| frame(i, 2, 8)).collect();
+        let (queue, _, _) = queue_of(frames);
+        let mut iov = Vec::new();
+        gather(&queue, &o, &mut iov);
+        assert_eq!(iov.len(), 4 * 3, "4 frames of a head and 2 pieces");
+
+        o.max_frames_per_write = IOV_MAX / 2;
+        o.max_bytes_per_write = 1;
+        iov.clear();
+        gather(&queue, &o, &mut iov);
+        assert_eq!(iov.len(), 3, "the first frame goes in whole even past the byte bound");
+    }
+
+    #[test]
+    fn a_file_body_stops_the_gather_after_its_head() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![7u8; 4096]).unwrap();
+        let file = Arc::new(std::fs::File::open(&path).unwrap());
+        let msg = Message::Pong(Pong {});
+        let (before, before_wire) = frame(1, 2, 16);
+        let file_frame =
+            OutFrame::new(2, &msg, FileRegion::new(file, 0, 4096).into(), u32::MAX).unwrap();
+        let head = file_frame.head.clone();
+        let (after, _) = frame(3, 2, 16);
+        let mut queue: VecDeque<OutFrame> = [before, file_frame, after].into_iter().collect();
+
+        let mut iov = Vec::new();
+        gather(&queue, &opts(), &mut iov);
+        let offered: Vec<u8> = iov.iter().flat_map(|s| s.iter().copied()).collect();
+        let mut want = before_wire.clone();
+        want.extend_from_slice(&head);
+        assert!(offered == want, "the first frame, then the file frame's head alone");
+        drop(iov);
+
+        // Written up to one byte short of the file frame's head, then the rest of it: the file
+        // frame stays at the front, head done, body untouched, for `sendfile`.
+        let first = advance(&mut queue, want.len() - 1);
+        assert_eq!((first.heads, first.files, queue.len()), (1, 0, 2));
+        let second = advance(&mut queue, 1);
+        assert_eq!((second.heads, second.mem, second.files), (1, 0, 0));
+        let f = queue.front().unwrap();
+        assert!(f.head_done() && f.body_off == 0 && f.body.is_file());
+        let mut iov = Vec::new();
+        gather(&queue, &opts(), &mut iov);
+        assert!(iov.is_empty(), "nothing to gather while a file body is at the front");
     }
 }
