@@ -43,8 +43,8 @@ pub use report::{
 use parking_lot::Mutex;
 use serde::Deserialize;
 use sluice_proto::message::*;
-use sluice_proto::ErrorCode;
-use sluice_transport::{ConnInfo, Handler, Request, Response, TransportStats};
+use sluice_proto::{ErrorCode, MsgType};
+use sluice_transport::{Admission, ConnInfo, Handler, Request, Response, TransportStats};
 use tokio::net::TcpListener;
 
 /// Configuration of a `sluice coordinator`.
@@ -76,6 +76,14 @@ pub struct CoordinatorConfig {
     /// with the most room): where the parts of split partitions go (docs/protocol.md,
     /// "Partition splits"). Each gets the shuffle's registration, commit and every map's end.
     pub spare_servers: u16,
+    /// Most partitions one `RegisterShuffle` may ask for; more is refused (`INVALID_REQUEST`).
+    /// Assigning takes time and memory per partition under the coordinator's one lock, so an
+    /// unbounded count (a bug, `u32::MAX`) would stall or abort every request. The servers
+    /// enforce the same key.
+    pub max_partitions_per_shuffle: u32,
+    /// Most map tasks one `RegisterShuffle` may name; more is refused (`INVALID_REQUEST`), as
+    /// the servers would refuse it (they keep state per map).
+    pub max_maps_per_shuffle: u32,
 }
 
 impl Default for CoordinatorConfig {
@@ -90,6 +98,8 @@ impl Default for CoordinatorConfig {
             peer_timeout_ms: 1_000,
             peer_tls: None,
             spare_servers: 2,
+            max_partitions_per_shuffle: 262_144,
+            max_maps_per_shuffle: 1_048_576,
         }
     }
 }
@@ -100,6 +110,11 @@ impl CoordinatorConfig {
         if self.server_timeout_ms == 0 || self.app_expiry_ms == 0 || self.peer_timeout_ms == 0 {
             return Err(
                 "server_timeout_ms, app_expiry_ms and peer_timeout_ms must be positive".into()
+            );
+        }
+        if self.max_partitions_per_shuffle == 0 || self.max_maps_per_shuffle == 0 {
+            return Err(
+                "max_partitions_per_shuffle and max_maps_per_shuffle must be positive".into()
             );
         }
         if let Some(p) = self.peers.iter().find(|p| !p.contains(':')) {
@@ -145,7 +160,10 @@ pub struct ServerInfo {
 impl ServerInfo {
     /// Lower is better: partitions held or promised, scaled up by memory pressure and push rate.
     fn load_score(&self) -> f64 {
-        let partitions = (self.partitions_held + self.assigned_since_heartbeat + 1) as f64;
+        // In u64: both counts come from (or grow with) what servers report, and a sum that
+        // wrapped would make the busiest server look idle.
+        let partitions =
+            (u64::from(self.partitions_held) + u64::from(self.assigned_since_heartbeat) + 1) as f64;
         let free_frac = if self.memory_budget_bytes == 0 {
             1.0
         } else {
@@ -153,6 +171,12 @@ impl ServerInfo {
         };
         let busy = 1.0 + self.push_bytes_per_s as f64 / 1e9;
         partitions * busy / (free_frac + 0.1)
+    }
+
+    /// Counts one more partition given to it since its last heartbeat (saturating: a count
+    /// that wrapped to 0 would make it look idle).
+    fn promise_partition(&mut self) {
+        self.assigned_since_heartbeat = self.assigned_since_heartbeat.saturating_add(1);
     }
 }
 
@@ -164,9 +188,9 @@ fn assign(servers: &mut [ServerInfo], num_partitions: u32, replication: u8) -> V
         let mut order: Vec<usize> = (0..servers.len()).collect();
         order.sort_by(|&a, &b| servers[a].load_score().total_cmp(&servers[b].load_score()));
         let primary = order[0];
-        servers[primary].assigned_since_heartbeat += 1;
+        servers[primary].promise_partition();
         let replica = if replication >= 2 && order.len() > 1 {
-            servers[order[1]].assigned_since_heartbeat += 1;
+            servers[order[1]].promise_partition();
             order[1] as u16
         } else {
             NO_REPLICA
@@ -350,6 +374,11 @@ impl Coordinator {
         &self.config
     }
 
+    /// Its listener's transport counters (connections, refused handshakes and bodies, …).
+    pub fn transport_stats(&self) -> sluice_transport::StatsSnapshot {
+        self.stats.snapshot()
+    }
+
     /// Whether it serves its listener ([`Coordinator::serve`] runs).
     pub fn is_serving(&self) -> bool {
         self.serving.load(Ordering::Acquire)
@@ -457,10 +486,7 @@ impl Coordinator {
                 }
                 Ok(OkMsg {}.into())
             }
-            other => Err(refuse(
-                ErrorCode::InvalidRequest,
-                format!("a coordinator does not take {}", other.msg_type().name()),
-            )),
+            other => Err(not_taken(other.msg_type())),
         };
         result.unwrap_or_else(|refused| refused)
     }
@@ -494,16 +520,48 @@ impl Coordinator {
         OkMsg {}.into()
     }
 
+    /// Refuses a registration beyond `max_partitions_per_shuffle` or `max_maps_per_shuffle`
+    /// before any work is done for it.
+    fn check_shuffle_size(&self, r: &RegisterShuffle) -> Result<(), Refused> {
+        let c = &self.config;
+        let over = |field: &str, asked: u32, key: &str, limit: u32| {
+            let text = format!(
+                "shuffle {} of {} not registered: {field} {asked} exceeds this coordinator's \
+                 {key} ({limit})",
+                r.shuffle_id, r.app_id
+            );
+            tracing::warn!(app = %r.app_id, shuffle = r.shuffle_id, %text, "shuffle registration refused");
+            refuse(ErrorCode::InvalidRequest, text)
+        };
+        let (partitions, maps) = (c.max_partitions_per_shuffle, c.max_maps_per_shuffle);
+        if r.num_partitions > partitions {
+            return Err(over(
+                "num_partitions",
+                r.num_partitions,
+                "max_partitions_per_shuffle",
+                partitions,
+            ));
+        }
+        if r.num_maps > maps {
+            return Err(over("num_maps", r.num_maps, "max_maps_per_shuffle", maps));
+        }
+        Ok(())
+    }
+
     fn register_shuffle(&self, r: RegisterShuffle) -> Result<Message, Refused> {
+        self.check_shuffle_size(&r)?;
         let key = (r.app_id.clone(), r.shuffle_id);
-        if let Some(known) = self.view.lock().shuffles.get(&key) {
+        let timeout = Duration::from_millis(self.config.server_timeout_ms);
+        // One hold of the lock from the lookup to the insert: two registrations of one shuffle
+        // at once must not both assign (the last insert would win, and the first caller's
+        // writers would push to servers its readers never read).
+        let mut v = self.view.lock();
+        if let Some(known) = v.shuffles.get(&key) {
             if known.assignment.partitions.len() as u32 == r.num_partitions {
-                // Idempotent: a retried registration gets the same answer.
+                // Idempotent: a retried (or concurrent) registration gets the same answer.
                 return Ok(known.assignment.clone().into());
             }
         }
-        let timeout = Duration::from_millis(self.config.server_timeout_ms);
-        let mut v = self.view.lock();
         // An application registers itself when it registers a shuffle, so a restarted
         // coordinator does not refuse a job whose app heartbeat has not arrived yet.
         v.apps.insert(r.app_id.clone(), Instant::now());
@@ -625,7 +683,7 @@ impl Coordinator {
                 let replica = if want == 2 { candidates[1].0 as u16 } else { NO_REPLICA };
                 for (i, _) in candidates.iter().take(want) {
                     if let Some(s) = v.servers.get_mut(&reg.assignment.servers[*i].server_id) {
-                        s.assigned_since_heartbeat += 1;
+                        s.promise_partition();
                     }
                 }
                 parts.push(PartitionLoc { primary, replica });
@@ -730,15 +788,15 @@ impl Coordinator {
         })
     }
 
-    /// Sends `sync` to every peer at once, each bounded by `peer_timeout_ms`; returns each
-    /// peer's answer (`None`: it did not answer).
-    async fn tell_peers(self: &Arc<Self>, msg: Message) -> Vec<(String, Option<Message>)> {
+    /// Sends `msg` to every peer at once, each bounded by `peer_timeout_ms`; returns each
+    /// peer's answer.
+    async fn tell_peers(self: &Arc<Self>, msg: Message) -> Vec<PeerAnswer> {
         let mut tasks = tokio::task::JoinSet::new();
         for peer in self.config.peers.clone() {
             let (me, msg) = (self.clone(), msg.clone());
             tasks.spawn(async move {
-                let answer = me.ask_peer(&peer, msg).await;
-                (peer, answer)
+                let reply = me.ask_peer(&peer, msg).await;
+                PeerAnswer { peer, reply }
             });
         }
         let mut out = Vec::new();
@@ -750,8 +808,23 @@ impl Coordinator {
         out
     }
 
-    /// One request to one peer, bounded by `peer_timeout_ms` (`None`: no answer).
-    async fn ask_peer(self: &Arc<Self>, peer: &str, msg: Message) -> Option<Message> {
+    /// Hands `sync` (what a request answered here changed) to every peer, before the answer
+    /// goes out. A peer that does not take it answers without it until it restarts (a starting
+    /// coordinator asks its peers for everything): a warning for each, as that is where a
+    /// client can get another assignment than the one it holds.
+    async fn hand_over(self: &Arc<Self>, sync: Message) {
+        let what = sync.msg_type().name();
+        for answer in self.tell_peers(sync).await {
+            if let Err(error) = answer.reply {
+                tracing::warn!(peer = %answer.peer, change = what, %error,
+                    "hand-over to a peer coordinator failed; it lacks this change until it restarts");
+            }
+        }
+    }
+
+    /// One request to one peer, bounded by twice `peer_timeout_ms`; `Err` says why no answer
+    /// came (the caller logs it at the level it deserves).
+    async fn ask_peer(self: &Arc<Self>, peer: &str, msg: Message) -> Result<Message, String> {
         let limit = Duration::from_millis(self.config.peer_timeout_ms * 2);
         let call = async {
             let addr = tokio::net::lookup_host(peer)
@@ -782,15 +855,9 @@ impl Coordinator {
             }
         };
         match tokio::time::timeout(limit, call).await {
-            Ok(Ok(m)) => Some(m),
-            Ok(Err(e)) => {
-                tracing::debug!(peer = %peer, error = %e, "peer coordinator not reached");
-                None
-            }
-            Err(_) => {
-                tracing::debug!(peer = %peer, "peer coordinator did not answer in time");
-                None
-            }
+            Ok(Ok(m)) => Ok(m),
+            Ok(Err(e)) => Err(format!("not reached: {e}")),
+            Err(_) => Err(format!("no answer within {} ms", limit.as_millis())),
         }
     }
 
@@ -804,25 +871,41 @@ impl Coordinator {
             let want = ShuffleSync { want_all: 1, ..Default::default() };
             let answers = self.tell_peers(want.into()).await;
             let mut heard = false;
-            for (peer, m) in answers {
-                if let Some(Message::ShuffleSync(s)) = m {
-                    tracing::info!(peer = %peer, shuffles = s.shuffles.len(),
-                        "assignments learned from a peer coordinator");
-                    let shuffles: Vec<(String, u32)> = s
-                        .shuffles
-                        .iter()
-                        .map(|sh| (sh.app_id.clone(), sh.assignment.shuffle_id))
-                        .collect();
-                    self.apply_sync(s);
-                    // And the parts of their split partitions.
-                    for (app_id, shuffle_id) in shuffles {
-                        let ask = GetSplits { app_id, shuffle_id };
-                        if let Some(Message::Splits(sp)) = self.ask_peer(&peer, ask.into()).await {
+            for PeerAnswer { peer, reply } in answers {
+                let s = match reply {
+                    Ok(Message::ShuffleSync(s)) => s,
+                    Ok(other) => {
+                        tracing::debug!(peer = %peer, reply = other.msg_type().name(),
+                            "unexpected answer to ShuffleSync from a peer");
+                        continue;
+                    }
+                    // Peers starting at the same time are expected not to answer yet.
+                    Err(error) => {
+                        tracing::debug!(peer = %peer, %error, "peer coordinator not heard at start");
+                        continue;
+                    }
+                };
+                tracing::info!(peer = %peer, shuffles = s.shuffles.len(),
+                    "assignments learned from a peer coordinator");
+                let shuffles: Vec<(String, u32)> = s
+                    .shuffles
+                    .iter()
+                    .map(|sh| (sh.app_id.clone(), sh.assignment.shuffle_id))
+                    .collect();
+                self.apply_sync(s);
+                // And the parts of their split partitions.
+                for (app_id, shuffle_id) in shuffles {
+                    let ask = GetSplits { app_id, shuffle_id };
+                    match self.ask_peer(&peer, ask.into()).await {
+                        Ok(Message::Splits(sp)) => {
                             self.handle(sp.into());
                         }
+                        Ok(_) => {}
+                        Err(error) => tracing::warn!(peer = %peer, shuffle = shuffle_id,
+                            %error, "splits of a shuffle not learned from a peer coordinator"),
                     }
-                    heard = true;
                 }
+                heard = true;
             }
             if heard {
                 return;
@@ -886,10 +969,36 @@ impl Coordinator {
     }
 }
 
+/// One peer's answer to something sent to every peer.
+struct PeerAnswer {
+    /// The peer, as configured (`host:port`).
+    peer: String,
+    /// Its reply, or why none came (not reached, an error answer, no answer in time).
+    reply: Result<Message, String>,
+}
+
+/// The reply to a request a coordinator does not take.
+fn not_taken(ty: MsgType) -> Refused {
+    refuse(ErrorCode::InvalidRequest, format!("a coordinator does not take {}", ty.name()))
+}
+
 struct CoordHandler(Arc<Coordinator>);
 
 impl Handler for CoordHandler {
     type Permit = ();
+
+    /// Refuses every body-carrying request (`Push`, `PushMerged`: meant for a server) before
+    /// its body is read, so the transport drops the body through its read buffer instead of
+    /// reading up to `max_frame_bytes` into a new one just to refuse it.
+    fn admit(&self, conn: &ConnInfo, message: &Message, body_len: u32) -> Admission<()> {
+        let ty = message.msg_type();
+        if !ty.has_body() {
+            return Admission::Accept(());
+        }
+        tracing::warn!(peer = %conn.peer, request = ty.name(), body_len,
+            "request with a body refused: a coordinator takes none (a client pointed at the wrong port?)");
+        Admission::Reject(not_taken(ty))
+    }
 
     fn handle(
         &self,
@@ -898,20 +1007,22 @@ impl Handler for CoordHandler {
     ) -> impl Future<Output = Response> + Send + 'static {
         let me = self.0.clone();
         let request = req.message;
-        // Only what changes assignments goes to the peers (and never what came from one).
-        let keep = matches!(
-            request,
-            Message::RegisterShuffle(_)
-                | Message::UnregisterApp(_)
-                | Message::UnregisterShuffle(_)
-                | Message::SplitPartition(_)
-        ) && !me.config.peers.is_empty();
-        let kept = keep.then(|| request.clone());
-        let reply = me.handle(request);
+        // All the work inside the future: the transport turns a panic into an `INTERNAL` answer
+        // only while polling it (a panic here, outside, would end the whole connection).
         async move {
+            // Only what changes assignments goes to the peers (and never what came from one).
+            let keep = matches!(
+                request,
+                Message::RegisterShuffle(_)
+                    | Message::UnregisterApp(_)
+                    | Message::UnregisterShuffle(_)
+                    | Message::SplitPartition(_)
+            ) && !me.config.peers.is_empty();
+            let kept = keep.then(|| request.clone());
+            let reply = me.handle(request);
             if let Some(sync) = kept.as_ref().and_then(|r| Coordinator::for_peers(r, &reply)) {
                 // Before the answer: an assignment a client holds is known to the live peers.
-                me.tell_peers(sync).await;
+                me.hand_over(sync).await;
             }
             Response::msg(reply)
         }
@@ -1072,6 +1183,242 @@ mod tests {
         assert_eq!(split_ask(&c, 0, 1).len(), 1, "no room anywhere else: unchanged");
         beat(&c, other, port, 1 << 30);
         assert_eq!(split_ask(&c, 0, 1).len(), 2);
+    }
+
+    /// Registrations of one shuffle arriving at once (a driver retrying while its first try is
+    /// still in flight): each caller must get the assignment the
+    /// coordinator keeps, or writers push to servers readers never read. With sixteen servers
+    /// and one partition, two registrations that both assign choose different servers.
+    #[test]
+    fn concurrent_registrations_of_one_shuffle_all_get_the_assignment_kept() {
+        let c =
+            Coordinator::new(CoordinatorConfig { spare_servers: 0, ..Default::default() }).unwrap();
+        for i in 0..16u16 {
+            beat(&c, &format!("s{i}"), i + 1, 1 << 30);
+        }
+        // A 4 MiB application id: hashing it makes every hold of the lock last milliseconds, and
+        // parking_lot hands a mutex held that long to its longest waiter (eventual fairness). So
+        // the callers, all queued on the lock, take it in turn: a registration that let go of
+        // the lock between its lookup and its insert would let every other caller's lookup in
+        // between, each would miss and assign anew, and only the last would be kept.
+        let app = "a".repeat(4 << 20);
+        let reg = |shuffle_id| RegisterShuffle {
+            app_id: app.clone(),
+            shuffle_id,
+            num_maps: 1,
+            num_partitions: 1,
+            replication: 1,
+        };
+        // Not the application's first shuffle: a lookup in an empty map skips the hashing.
+        assert!(matches!(c.handle(reg(0).into()), Message::Assignment(_)));
+        const CALLERS: usize = 4;
+        let started = std::sync::atomic::AtomicUsize::new(0);
+        let answers: Vec<Message> = std::thread::scope(|scope| {
+            let held = c.view.lock();
+            let callers: Vec<_> = (0..CALLERS)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let r = reg(1);
+                        started.fetch_add(1, Ordering::SeqCst);
+                        c.handle(r.into())
+                    })
+                })
+                .collect();
+            while started.load(Ordering::SeqCst) < CALLERS {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // Time to reach the lock and wait on it.
+            std::thread::sleep(Duration::from_millis(200));
+            drop(held);
+            callers.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let kept = c.handle(GetAssignment { app_id: app.clone(), shuffle_id: 1 }.into());
+        assert!(matches!(kept, Message::Assignment(_)), "{kept:?}");
+        let differing = answers.iter().filter(|a| **a != kept).count();
+        assert_eq!(differing, 0, "callers told another assignment than the one kept");
+    }
+
+    #[test]
+    fn registrations_beyond_the_size_limits_are_refused() {
+        let config = CoordinatorConfig {
+            max_partitions_per_shuffle: 100,
+            max_maps_per_shuffle: 50,
+            ..Default::default()
+        };
+        let c = Coordinator::new(config).unwrap();
+        beat(&c, "s1", 1, 1 << 30);
+        let reg = |num_maps, num_partitions| RegisterShuffle {
+            app_id: "a".into(),
+            shuffle_id: 1,
+            num_maps,
+            num_partitions,
+            replication: 1,
+        };
+        for (maps, partitions, says) in [
+            (
+                1,
+                101,
+                "num_partitions 101 exceeds this coordinator's max_partitions_per_shuffle (100)",
+            ),
+            (51, 1, "num_maps 51 exceeds this coordinator's max_maps_per_shuffle (50)"),
+            (1, u32::MAX, "max_partitions_per_shuffle (100)"),
+        ] {
+            match c.handle(reg(maps, partitions).into()) {
+                Message::Error(e) => {
+                    assert_eq!(e.code, ErrorCode::InvalidRequest.as_u16(), "{e:?}");
+                    assert!(e.message.contains(says), "{}", e.message);
+                }
+                m => panic!("not refused: {m:?}"),
+            }
+        }
+        assert!(c.shuffle("a", 1).is_none());
+        // At the limits: registered.
+        assert!(matches!(c.handle(reg(50, 100).into()), Message::Assignment(_)));
+        for bad in [
+            CoordinatorConfig { max_partitions_per_shuffle: 0, ..Default::default() },
+            CoordinatorConfig { max_maps_per_shuffle: 0, ..Default::default() },
+        ] {
+            let e = Coordinator::new(bad).err().expect("refused");
+            assert!(e.contains("max_partitions_per_shuffle and max_maps_per_shuffle"), "{e}");
+        }
+    }
+
+    /// A server may report any `partitions_held`: u32::MAX must make it the most loaded, not
+    /// overflow (a panic in debug builds, a wrap to "idle" in release ones).
+    #[test]
+    fn a_server_holding_u32_max_partitions_is_the_most_loaded() {
+        let c =
+            Coordinator::new(CoordinatorConfig { spare_servers: 0, ..Default::default() }).unwrap();
+        let full = ServerHeartbeat {
+            server_id: "full".into(),
+            host: "h".into(),
+            port: 1,
+            memory_budget_bytes: 10,
+            free_memory_bytes: 10,
+            free_disk_bytes: 1 << 30,
+            partitions_held: u32::MAX,
+            ..Default::default()
+        };
+        assert!(matches!(c.handle(full.into()), Message::Ok(_)));
+        beat(&c, "idle", 2, 1 << 30);
+        let reg = RegisterShuffle {
+            app_id: "a".into(),
+            shuffle_id: 1,
+            num_maps: 1,
+            num_partitions: 8,
+            replication: 2,
+        };
+        let Message::Assignment(a) = c.handle(reg.into()) else { panic!() };
+        let primaries: Vec<&str> =
+            a.partitions.iter().map(|l| a.servers[l.primary as usize].server_id.as_str()).collect();
+        assert!(primaries.iter().all(|s| *s == "idle"), "{primaries:?}");
+        // The count of partitions promised since a heartbeat saturates too.
+        let mut s = vec![server("a", u32::MAX, 100)];
+        s[0].assigned_since_heartbeat = u32::MAX - 1;
+        assign(&mut s, 3, 1);
+        assert_eq!(s[0].assigned_since_heartbeat, u32::MAX);
+        assert!(s[0].load_score() > server("b", 0, 100).load_score());
+    }
+
+    fn conn_info() -> Arc<ConnInfo> {
+        Arc::new(ConnInfo {
+            id: 1,
+            peer: "127.0.0.1:1".parse().unwrap(),
+            app_id: None,
+            identity: sluice_transport::PeerIdentity::Anyone,
+            max_frame_bytes: 1 << 20,
+        })
+    }
+
+    fn request(message: impl Into<Message>) -> Request {
+        Request { request_id: 1, message: message.into(), body: Default::default(), permit: () }
+    }
+
+    /// The transport catches a handler's panic only while polling the future `handle` returns:
+    /// the work must be inside it, not done on the call.
+    #[test]
+    fn the_handler_does_its_work_inside_the_future() {
+        let c = Coordinator::new(CoordinatorConfig::default()).unwrap();
+        beat(&c, "s1", 1, 1 << 30);
+        let reg = RegisterShuffle {
+            app_id: "a".into(),
+            shuffle_id: 1,
+            num_maps: 1,
+            num_partitions: 2,
+            replication: 1,
+        };
+        let future = CoordHandler(c.clone()).handle(&conn_info(), request(reg));
+        assert!(c.shuffle("a", 1).is_none(), "registered before the future was polled");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let response = rt.block_on(future);
+        assert!(matches!(response.message, Message::Assignment(_)), "{:?}", response.message);
+        assert!(c.shuffle("a", 1).is_some());
+    }
+
+    /// Counts the WARN events whose message contains `needle` (a subscriber of its own: the
+    /// crate has no `tracing-subscriber`).
+    struct WarnCounter {
+        needle: &'static str,
+        hits: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl tracing::Subscriber for WarnCounter {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            struct Text(String);
+            impl tracing::field::Visit for Text {
+                fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                    if f.name() == "message" {
+                        self.0 = format!("{v:?}");
+                    }
+                }
+            }
+            let mut text = Text(String::new());
+            event.record(&mut text);
+            if *event.metadata().level() == tracing::Level::WARN && text.0.contains(self.needle) {
+                self.hits.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// A peer that cannot be reached when an assignment is handed over: the assignment is
+    /// still answered, and the failure is a warning (the peer will answer without it).
+    #[test]
+    fn a_failed_hand_over_is_a_warning() {
+        // A port nothing listens on: the peer refuses connections.
+        let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let config = CoordinatorConfig {
+            peers: vec![dead.to_string()],
+            peer_timeout_ms: 500,
+            ..Default::default()
+        };
+        let c = Coordinator::new(config).unwrap();
+        beat(&c, "s1", 1, 1 << 30);
+        let reg = RegisterShuffle {
+            app_id: "a".into(),
+            shuffle_id: 1,
+            num_maps: 1,
+            num_partitions: 2,
+            replication: 1,
+        };
+        let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let warn =
+            WarnCounter { needle: "hand-over to a peer coordinator failed", hits: hits.clone() };
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let response = tracing::subscriber::with_default(warn, || {
+            rt.block_on(CoordHandler(c.clone()).handle(&conn_info(), request(reg)))
+        });
+        assert!(matches!(response.message, Message::Assignment(_)), "{:?}", response.message);
+        assert_eq!(hits.load(Ordering::SeqCst), 1, "one warning for the one peer");
     }
 
     #[test]

@@ -758,14 +758,27 @@ impl Message {
         Ok(())
     }
 
-    /// Checks what depends on the body's length: `PushMerged` sections must lie inside it.
+    /// Checks what depends on the body's length: `PushMerged` sections must lie inside it, each
+    /// non-empty and after the one before (no byte in two sections). A section is stored, charged
+    /// and written once per entry, so overlapping entries would make one body's bytes cost the
+    /// server many times what its admission and quota counted.
     pub fn validate_body(&self, body_len: usize) -> Result<(), ProtoError> {
         if let Message::PushMerged(p) = self {
+            let mut next = 0u64; // where the next section may start
             for s in &p.entries {
                 let end = s.offset as u64 + s.length as u64;
                 if end > body_len as u64 {
                     return Err(ProtoError::Malformed("push section outside the body"));
                 }
+                if s.length == 0 {
+                    return Err(ProtoError::Malformed("empty push section"));
+                }
+                if (s.offset as u64) < next {
+                    return Err(ProtoError::Malformed(
+                        "push sections overlap or are not in body order",
+                    ));
+                }
+                next = end;
             }
         }
         Ok(())
@@ -875,10 +888,9 @@ mod tests {
                     p.parts.push(PartitionLoc { primary: 0, replica: NO_REPLICA });
                 }
             }),
-            Message::PushMerged(p) => p.entries.iter_mut().for_each(|s| {
-                s.offset = 0;
-                s.length = 0;
-            }),
+            // Sections need a body to lie in (`validate_body`); round trips of sections are
+            // `push_merged_sections_*`.
+            Message::PushMerged(p) => p.entries.clear(),
             _ => {}
         }
         m

@@ -47,6 +47,14 @@ pub struct ServerConfig {
     /// docs/protocol.md, "Partition splits"). 0: never on size (a server whose disks are nearly
     /// full still splits).
     pub split_threshold_bytes: u64,
+    /// Most partitions a shuffle may be registered with. Each partition's state is allocated at
+    /// registration, outside the memory budget (208 bytes each before it holds data: 52 MiB at
+    /// the default), so one registration of billions would take the server down; a larger one
+    /// is refused with `INVALID_REQUEST`. Coordinators have the same key.
+    pub max_partitions_per_shuffle: u32,
+    /// Most maps a shuffle may be registered with; a larger registration is refused with
+    /// `INVALID_REQUEST`. Coordinators have the same key.
+    pub max_maps_per_shuffle: u32,
     /// Flusher threads per data directory.
     pub flushers_per_dir: usize,
     /// Bytes of a flush each `pwritev` carries at most (each ends at a multiple of this in the
@@ -291,6 +299,8 @@ impl Default for ServerConfig {
             chunk_bytes: 4 << 20,
             early_flush_bytes: 16 << 10,
             split_threshold_bytes: 1 << 30,
+            max_partitions_per_shuffle: 262_144,
+            max_maps_per_shuffle: 1 << 20,
             flushers_per_dir: 2,
             flush_write_bytes: 256 << 10,
             flusher_nice: 0,
@@ -325,6 +335,9 @@ impl ServerConfig {
             return Err(format!(
                 "watermarks: need 0 < resume ({r}) < busy ({b}) <= 1 and 0 < flush ({f}) < busy"
             ));
+        }
+        if self.max_partitions_per_shuffle == 0 || self.max_maps_per_shuffle == 0 {
+            return Err("max_partitions_per_shuffle, max_maps_per_shuffle: must be positive".into());
         }
         if self.chunk_bytes == 0 || self.chunk_bytes > u32::MAX as u64 / 2 {
             return Err("chunk_bytes: must be between 1 and 2 GiB".into());

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::core::{decode_record, Decoded, Shuffle, ShuffleKey};
-use crate::files::{sanitize, shuffle_dir, DataFile, FileRef};
+use crate::files::{app_dir_name, app_id_of_dir, shuffle_dir, DataFile, FileRef};
 use crate::storage::{DataDir, Storage, RECYCLE_DIR};
 
 /// The commit record's file name inside a shuffle's directory.
@@ -264,7 +264,7 @@ pub fn recover(storage: &Storage) -> Recovered {
             remove_tmp_records(path);
             match std::fs::read(path.join(INDEX_FILE)) {
                 Ok(bytes) => records.push(decode_record(&bytes).and_then(|d| {
-                    if sanitize(&d.app_id) == app && d.shuffle_id == shuffle_id {
+                    if app_dir_name(&d.app_id) == app && d.shuffle_id == shuffle_id {
                         Ok(d)
                     } else {
                         Err(format!("it is of shuffle {} of {}", d.shuffle_id, d.app_id))
@@ -311,7 +311,10 @@ pub fn recover(storage: &Storage) -> Recovered {
                 tracing::error!(app = %app, shuffle = shuffle_id, reason = %why,
                     "commit record unreadable: the shuffle is reported lost");
                 out.lost += 1;
-                Shuffle::lost_at_start(ShuffleKey::new(&app, shuffle_id), why)
+                // Keyed by the application's own id where the directory's name says it, so
+                // that its readers are told the shuffle is lost, not unknown.
+                let app_id = app_id_of_dir(&app).unwrap_or_else(|| app.clone());
+                Shuffle::lost_at_start(ShuffleKey::new(&app_id, shuffle_id), why)
             }
         };
         for (pid, why) in shuffle.lost_partitions() {
@@ -331,11 +334,27 @@ fn has_data_files(sdir: &Path) -> bool {
     })
 }
 
-/// The subdirectories of `path`, by name (none when it cannot be read).
+/// The subdirectories of `path`, by name. One that cannot be listed (or an entry that cannot
+/// be read) is logged as an error: the shuffles under it are not recovered, and their readers
+/// will be told they are unknown.
 fn subdirs(path: &Path) -> Vec<(String, PathBuf)> {
-    let Ok(entries) = std::fs::read_dir(path) else { return Vec::new() };
+    let entries = match std::fs::read_dir(path) {
+        Ok(entries) => entries,
+        Err(e) => {
+            tracing::error!(path = %path.display(), error = %e,
+                "cannot list a directory at restart: the shuffles under it are not recovered");
+            return Vec::new();
+        }
+    };
     entries
-        .filter_map(Result::ok)
+        .filter_map(|e| match e {
+            Ok(e) => Some(e),
+            Err(err) => {
+                tracing::error!(path = %path.display(), error = %err,
+                    "cannot read a directory entry at restart: what it holds is not recovered");
+                None
+            }
+        })
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
         .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
         .collect()

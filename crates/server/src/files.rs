@@ -127,22 +127,75 @@ impl FileSource<FileRef> for Placement<'_> {
     }
 }
 
-/// File-name-safe form of an application id (no separators, no `..`).
-pub fn sanitize(app_id: &str) -> String {
-    let s: String = app_id
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
-        .collect();
-    if s.is_empty() {
-        "_".into()
-    } else {
-        s
+/// An encoded name longer than this is cut and given a digest of the whole id instead.
+const NAME_KEEP_MAX: usize = 200;
+/// Where a long name is cut before its digest (an encoded name is ASCII).
+const NAME_CUT: usize = 160;
+
+/// The directory (and object-key) name of an application id: letters, digits, `-` and `_` as
+/// they are, every other byte as `~` and two hex digits, an empty id as `~`. One-to-one, so two
+/// applications never share a directory (`a.b` is `a~2eb`, `a_b` stays `a_b`), and safe: no
+/// separator, no `.` or `..`, never hidden. A name that would pass [`NAME_KEEP_MAX`] bytes is
+/// cut and ends in `~~` and 32 hex digits of the id's SHA-256, which no short name contains
+/// (a `~` of a short name is followed by a hex digit), so it stays within a file name's 255.
+pub fn app_dir_name(app_id: &str) -> String {
+    use std::fmt::Write;
+    if app_id.is_empty() {
+        return "~".into();
     }
+    let mut s = String::with_capacity(app_id.len());
+    for b in app_id.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
+            s.push(b as char);
+        } else {
+            let _ = write!(s, "~{b:02x}");
+        }
+    }
+    if s.len() > NAME_KEEP_MAX {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(app_id.as_bytes());
+        s.truncate(NAME_CUT);
+        s.push_str("~~");
+        for b in &digest[..16] {
+            let _ = write!(s, "{b:02x}");
+        }
+    }
+    s
+}
+
+/// The application id an [`app_dir_name`] stands for, when the name says it in full (not a cut
+/// name with a digest, not a name this server never makes).
+pub fn app_id_of_dir(name: &str) -> Option<String> {
+    if name == "~" {
+        return Some(String::new());
+    }
+    let b = name.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'~' => {
+                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+                let byte = u8::from_str_radix(hex, 16).ok()?;
+                if byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_' {
+                    return None; // such bytes are never escaped
+                }
+                out.push(byte);
+                i += 3;
+            }
+            c if c.is_ascii_alphanumeric() || c == b'-' || c == b'_' => {
+                out.push(c);
+                i += 1;
+            }
+            _ => return None,
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// A shuffle's directory inside a data directory.
 pub(crate) fn shuffle_dir(dir: &DataDir, key: &ShuffleKey) -> PathBuf {
-    dir.path.join(sanitize(key.app_id())).join(key.shuffle_id().to_string())
+    dir.path.join(app_dir_name(key.app_id())).join(key.shuffle_id().to_string())
 }
 
 /// Removes a deleted shuffle's files from every data directory; each partition's current file is
@@ -176,7 +229,7 @@ pub fn remove_shuffle_files(storage: &Storage, deleted: Deleted<FileRef>) {
 /// gone (one would be left behind per application).
 pub fn remove_app_dirs(storage: &Storage, app_id: &str) {
     for d in storage.dirs() {
-        let _ = std::fs::remove_dir(d.path.join(sanitize(app_id)));
+        let _ = std::fs::remove_dir(d.path.join(app_dir_name(app_id)));
     }
 }
 
@@ -185,8 +238,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_are_safe() {
-        assert_eq!(sanitize("../evil/app"), "___evil_app");
-        assert_eq!(sanitize(""), "_");
+    fn names_are_safe_and_one_to_one() {
+        assert_eq!(app_dir_name("app-20261127-0001_x"), "app-20261127-0001_x");
+        assert_eq!(app_dir_name("../evil/app"), "~2e~2e~2fevil~2fapp");
+        assert_eq!(app_dir_name(""), "~");
+        // Ids that the old name (every other character as `_`) gave one directory.
+        let ids = ["a.b", "a_b", "a/b", "a~b", "a~2eb", "a b", "a\u{e9}b", "", "~", "."];
+        let names: std::collections::HashSet<String> =
+            ids.iter().map(|i| app_dir_name(i)).collect();
+        assert_eq!(names.len(), ids.len(), "{names:?}");
+        for id in ids {
+            let name = app_dir_name(id);
+            assert!(!name.starts_with('.') && !name.contains('/'), "{name}");
+            assert_eq!(app_id_of_dir(&name).as_deref(), Some(id), "{name}");
+        }
+        assert_eq!(app_id_of_dir("a~2"), None);
+        assert_eq!(app_id_of_dir("a~41"), None, "an escaped letter is not a name we make");
+        assert_eq!(app_id_of_dir(".recycle"), None);
+    }
+
+    #[test]
+    fn long_names_are_cut_with_a_digest() {
+        let a = "x.".repeat(300);
+        let mut b = a.clone();
+        b.push('y');
+        let (na, nb) = (app_dir_name(&a), app_dir_name(&b));
+        assert!(na.len() <= 255 && nb.len() <= 255, "{} {}", na.len(), nb.len());
+        assert_ne!(na, nb, "ids sharing their first bytes keep apart by the digest");
+        assert!(na.contains("~~"));
+        assert_eq!(app_id_of_dir(&na), None);
+        let plain = "y".repeat(NAME_KEEP_MAX);
+        assert_eq!(app_dir_name(&plain), plain, "up to the bound a name is kept whole");
     }
 }

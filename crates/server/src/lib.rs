@@ -354,7 +354,11 @@ async fn heartbeat_loop(
     // Whether it takes `QuotaReport` (the same way).
     let mut takes_quota_report = true;
     let mut last_pushed = 0u64;
+    // Heartbeats failed in a row: the first failure and every minute's worth after it are
+    // warnings (a coordinator down for long would otherwise fill the log every beat).
+    let mut failed_in_a_row = 0u64;
     let interval = Duration::from_millis(state.config().heartbeat_interval_ms);
+    let warn_every = (60_000 / state.config().heartbeat_interval_ms.max(1)).max(1);
     let mut tick = tokio::time::interval(interval);
     loop {
         tick.tick().await;
@@ -395,9 +399,22 @@ async fn heartbeat_loop(
         let sent =
             async { pool.get(addr).await?.request(msg, sluice_transport::Body::Empty).await };
         match sent.await {
-            Ok(_) => registered = true,
+            Ok(_) => {
+                if failed_in_a_row > 0 {
+                    tracing::info!(coordinator = %coord, failed = failed_in_a_row,
+                        "heartbeats reach the coordinator again");
+                }
+                failed_in_a_row = 0;
+                registered = true;
+            }
             Err(e) => {
-                tracing::debug!(coordinator = %coord, error = %e, "heartbeat failed");
+                if failed_in_a_row.is_multiple_of(warn_every) {
+                    tracing::warn!(coordinator = %coord, error = %e, failed_in_a_row,
+                        "heartbeat failed: this coordinator does not hear from this server");
+                } else {
+                    tracing::debug!(coordinator = %coord, error = %e, "heartbeat failed");
+                }
+                failed_in_a_row += 1;
                 registered = false;
                 // A restarted coordinator may be a newer one: ask it again.
                 takes_status = true;

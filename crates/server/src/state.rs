@@ -297,13 +297,15 @@ impl ServerState {
             Message::AppHeartbeat(r) => Ok(self.touch_app(&r.app_id)),
             Message::UnregisterApp(r) => Ok(self.remove_app(&r.app_id, "unregistered")),
             Message::RegisterShuffle(r) => self
-                .apps
-                .register_shuffle(
-                    &r,
-                    self.config.chunk_bytes,
-                    self.config.split_threshold_bytes,
-                    Instant::now(),
-                )
+                .check_shuffle_sizes(&r)
+                .and_then(|()| {
+                    self.apps.register_shuffle(
+                        &r,
+                        self.config.chunk_bytes,
+                        self.config.split_threshold_bytes,
+                        Instant::now(),
+                    )
+                })
                 .map(|()| Response::msg(OkMsg {})),
             Message::UnregisterShuffle(r) => self.unregister_shuffle(&r.app_id, r.shuffle_id),
             Message::CommitShuffle(c) => self.commit(&c.app_id, c.shuffle_id).await,
@@ -444,6 +446,28 @@ impl ServerState {
             }
         }
         self.relieving.store(false, Ordering::Release);
+    }
+
+    /// Refuses a registration beyond the configured sizes, before anything is allocated for it.
+    fn check_shuffle_sizes(&self, r: &RegisterShuffle) -> Result<(), Refusal> {
+        let (parts, maps) =
+            (self.config.max_partitions_per_shuffle, self.config.max_maps_per_shuffle);
+        let why = if r.num_partitions > parts {
+            format!(
+                "{} partitions, more than this server's max_partitions_per_shuffle ({parts})",
+                r.num_partitions
+            )
+        } else if r.num_maps > maps {
+            format!("{} maps, more than this server's max_maps_per_shuffle ({maps})", r.num_maps)
+        } else {
+            return Ok(());
+        };
+        tracing::warn!(app = %r.app_id, shuffle = r.shuffle_id, reason = %why,
+            "shuffle registration refused");
+        Err(Refusal::new(
+            ErrorCode::InvalidRequest,
+            format!("shuffle {} of {} not registered: {why}", r.shuffle_id, r.app_id),
+        ))
     }
 
     fn mapper_end(&self, m: MapperEnd) -> Result<Response, Refusal> {

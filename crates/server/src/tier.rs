@@ -32,7 +32,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::ObjectStoreConfig;
 use crate::core::ShuffleKey;
-use crate::files::sanitize;
+use crate::files::app_dir_name;
 
 /// Why a call to the store failed.
 #[derive(Debug, thiserror::Error)]
@@ -137,7 +137,7 @@ impl Tier {
     /// overwrite each other's objects.
     pub fn object_key(&self, key: &ShuffleKey, pid: u32, n: u32, token: u64) -> String {
         let prefix = self.config.prefix.trim_matches('/');
-        let app = sanitize(key.app_id());
+        let app = app_dir_name(key.app_id());
         let name = format!("{app}/{}/{pid}-{n}-{token:016x}.data", key.shuffle_id());
         if prefix.is_empty() {
             name

@@ -59,6 +59,37 @@ async fn request_errors_leave_the_connection_open() {
         assert_eq!(e.err(), Some(ErrorCode::UnknownShuffle), "push to an unregistered shuffle");
         let e = call_body(&c, push(APP, 2, 5), batch_body(0, 0)).await;
         assert_eq!(e.err(), Some(ErrorCode::InvalidRequest), "push to partition ≥ partitions");
+        let e = call_body(&c, push(APP, 2, 0), batch_body(10, 0)).await;
+        assert_eq!(e.err(), Some(ErrorCode::InvalidRequest), "a batch of map ≥ maps");
+        let end = MapperEnd {
+            app_id: APP.into(),
+            shuffle_id: 1,
+            map_id: 0,
+            attempt_id: 0,
+            batch_counts: vec![BatchCount { partition_id: 7, batches: 1 }],
+        };
+        assert_eq!(
+            call(&c, end).await.err(),
+            Some(ErrorCode::InvalidRequest),
+            "map end of partition ≥ partitions"
+        );
+        // Registrations past the server's bounds are refused before anything is allocated
+        // (u32::MAX partitions would be ~900 GB of partition state).
+        for (num_maps, num_partitions) in [(10, u32::MAX), (10, 262_145), (u32::MAX, 2)] {
+            let reg = RegisterShuffle {
+                app_id: APP.into(),
+                shuffle_id: 3,
+                num_maps,
+                num_partitions,
+                replication: 1,
+            };
+            let e = call(&c, reg).await;
+            assert_eq!(
+                e.err(),
+                Some(ErrorCode::InvalidRequest),
+                "{num_maps} maps × {num_partitions}"
+            );
+        }
 
         let open = |shuffle, map_end| OpenStream {
             app_id: APP.into(),
@@ -249,6 +280,19 @@ async fn malformed_frames_close_only_their_connection() {
         bad_push.put_u16(100);
         bad_push.put_u16(0);
         expect_fatal(addr, "bad Push fields", &bad_push, &[MalformedFrame]).await;
+        // A PushMerged whose second section covers the first one's bytes again: one body
+        // stored (and charged once) twice.
+        let body = batch_body(1, 0);
+        let overlap = PushMerged {
+            app_id: APP.into(),
+            shuffle_id: 1,
+            entries: vec![
+                Section { partition_id: 0, offset: 0, length: body.len() as u32 },
+                Section { partition_id: 1, offset: 0, length: body.len() as u32 },
+            ],
+        };
+        let frame = encode_frame(7, &overlap.into(), &body);
+        expect_fatal(addr, "overlapping sections", &frame, &[MalformedFrame]).await;
         // A response sent as a request.
         let ack = encode_frame(7, &PushAck {}.into(), &[]);
         expect_fatal(addr, "PushAck as request", &ack, &[ProtocolViolation]).await;

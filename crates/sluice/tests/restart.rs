@@ -94,6 +94,42 @@ async fn a_committed_shuffle_is_served_again_after_sigkill_and_restart() {
     .await
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applications_whose_ids_differ_only_in_punctuation_keep_their_data_apart() {
+    bounded("applications_whose_ids_differ_only_in_punctuation", 90, async {
+        // Before, every character but letters, digits, `-` and `_` became `_` in the data
+        // directory's name: these two shared one directory, and the second one's files
+        // overwrote the first's.
+        let (r, mut server) = Restartable::new(&["chunk_bytes=65536"]);
+        let (dot, underscore) = (client("etl.daily", None), client("etl_daily", None));
+        let a = assignment(1, &[r.addr], PARTITIONS);
+        write_shuffle(&dot, &a, true).await;
+        let dot_records = read_all(&dot, &a).await;
+        write_shuffle(&underscore, &a, false).await;
+        // One shuffle of each holds data apart; their directories are named one to one.
+        assert!(r.dirs.iter().any(|d| d.join("etl~2edaily/1").exists()));
+        assert!(r.dirs.iter().any(|d| d.join("etl_daily/1").exists()));
+        underscore.commit_shuffle(&a).await.unwrap();
+        assert_eq!(read_all(&dot, &a).await, dot_records, "etl.daily reads other bytes");
+        let underscore_records = read_all(&underscore, &a).await;
+        assert!(underscore_records.iter().all(|p| p.as_ref().is_ok_and(|v| !v.is_empty())));
+
+        // Both come back from a restart, each with its own bytes; deleting one leaves the other.
+        server.kill();
+        let _server = r.start();
+        assert_eq!(metric(&_server, "sluice_server_recovered_shuffles_total").await, 2.0);
+        assert_eq!(read_all(&dot, &a).await, dot_records);
+        assert_eq!(read_all(&underscore, &a).await, underscore_records);
+        underscore.unregister_shuffle(&a).await.unwrap();
+        assert_eq!(
+            read_all(&dot, &a).await,
+            dot_records,
+            "unregistering etl_daily took etl.daily's"
+        );
+    })
+    .await
+}
+
 /// Flips one byte in the middle of `path`.
 fn damage(path: &Path) {
     let mut bytes = std::fs::read(path).unwrap();

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -51,6 +52,10 @@ struct Pending {
 
 struct Shared {
     pending: Mutex<Pending>,
+    /// Frames received from the server since the handshake: a request that times out with this
+    /// unchanged since it was sent heard nothing at all from the server meanwhile, the sign of a
+    /// dead peer rather than a slow request.
+    frames_received: AtomicU64,
 }
 
 impl Shared {
@@ -253,7 +258,10 @@ impl Connection {
         TransportStats::add(&stats.connections_accepted, 1);
         TransportStats::add(&stats.connections_open, 1);
 
-        let shared = Arc::new(Shared { pending: Mutex::new(Pending::default()) });
+        let shared = Arc::new(Shared {
+            pending: Mutex::new(Pending::default()),
+            frames_received: AtomicU64::new(0),
+        });
         let (outbound, writer) = Outbound::start(wr, WriterOptions::from(cfg), stats.clone());
         let span = tracing::info_span!("client_conn", %addr);
         let reader_task = tokio::spawn(
@@ -298,16 +306,43 @@ impl Connection {
     /// Sends a request and waits for its response, within `request_timeout_ms` (counted from
     /// the call, so time spent waiting at the outbound watermark counts too). An `Error`
     /// response is `Err(Remote)`.
+    ///
+    /// A request that times out while nothing at all came from the server since it was sent
+    /// closes the connection: the peer is presumed dead (its host gone without a FIN, a
+    /// partition), and a pool would otherwise keep handing out the connection, each request
+    /// waiting the whole timeout. Requests still pending on it fail at once with `Closed`
+    /// saying why; the pool opens a new connection on the next [`crate::Pool::get`]. A
+    /// connection that received other frames meanwhile is alive and stays.
     pub async fn request(&self, message: Message, body: Body) -> Result<Reply, TransportError> {
-        match self.request_timeout {
-            None => self.request_inner(message, body).await,
-            Some(t) => match tokio::time::timeout(t, self.request_inner(message, body)).await {
-                Ok(r) => r,
-                Err(_) => {
-                    Err(TransportError::Timeout { what: "request", after_ms: t.as_millis() as u64 })
+        let Some(t) = self.request_timeout else {
+            return self.request_inner(message, body).await;
+        };
+        let heard_before = self.shared.frames_received.load(Relaxed);
+        match tokio::time::timeout(t, self.request_inner(message, body)).await {
+            Ok(r) => r,
+            Err(_) => {
+                let after_ms = t.as_millis() as u64;
+                if self.shared.frames_received.load(Relaxed) == heard_before {
+                    self.retire(format!(
+                        "{} sent nothing for {after_ms} ms while a request waited \
+                         (request_timeout_ms): presumed dead, connection closed",
+                        self.peer
+                    ));
                 }
-            },
+                Err(TransportError::Timeout { what: "request", after_ms })
+            }
         }
+    }
+
+    /// Closes the connection for `reason`: every pending request fails with it, new ones are
+    /// refused, and the reader stops (the writer ends once its queue is out or stalls).
+    fn retire(&self, reason: String) {
+        if !self.is_closed() {
+            tracing::warn!(peer = %self.peer, %reason, "closing a connection");
+        }
+        self.shared.fail_all(reason);
+        self.outbound.close();
+        self.reader.abort();
     }
 
     async fn request_inner(&self, message: Message, body: Body) -> Result<Reply, TransportError> {
@@ -378,6 +413,8 @@ async fn read_loop(
             }
             Err(e) => return format!("read failed: {e}"),
         };
+        // Counted at the head: a large body still arriving is the server answering.
+        shared.frames_received.fetch_add(1, Relaxed);
         let body = match reader.read_body(h.body_len()).await {
             Ok(b) => b,
             Err(e) => return format!("read failed: {e}"),

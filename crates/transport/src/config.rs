@@ -27,8 +27,10 @@ pub struct ServerConfig {
     /// they are bounded by count rather than bytes).
     pub outbound_max_file_frames: usize,
     /// A peer that makes no progress for this long (ms) while we wait on it — a stalled write,
-    /// a frame that stops half-way, a handshake that never comes — is dropped. 0 disables it.
-    /// A connection idle between requests is kept.
+    /// a frame that stops half-way, a handshake that never comes — is dropped. 0 disables it,
+    /// except before the handshake completes: that is bounded by 10 s then, so a silent
+    /// connection cannot hold a `max_connections` slot forever. A connection idle between
+    /// requests is kept (TCP keepalive finds a peer whose host died).
     pub idle_timeout_ms: u64,
     /// Send file bodies with `sendfile(2)` (true) or with `pread` + `write` through a user-space
     /// buffer (false: the baseline, and the automatic fallback when `sendfile` is unavailable).

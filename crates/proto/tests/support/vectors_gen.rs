@@ -479,6 +479,23 @@ pub fn cases() -> Vec<Case> {
         shuffle_id: 3,
         entries: vec![Section { partition_id: 2, offset: 8, length: 0xFFFF_FFF8 }],
     };
+    // The same bytes counted twice: the second section starts inside the first.
+    let merged_overlap = PushMerged {
+        app_id: app(),
+        shuffle_id: 3,
+        entries: vec![
+            Section { partition_id: 2, offset: 0, length: merged_a.len() as u32 },
+            Section { partition_id: 5, offset: 0, length: merged.len() as u32 },
+        ],
+    };
+    let merged_empty = PushMerged {
+        app_id: app(),
+        shuffle_id: 3,
+        entries: vec![
+            Section { partition_id: 2, offset: 0, length: merged.len() as u32 },
+            Section { partition_id: 5, offset: merged.len() as u32, length: 0 },
+        ],
+    };
     let mut bad_utf8 = vec![0, 2, 0xC3, 0x28];
     bad_utf8.extend_from_slice(&[0, 0, 0, 1]);
     let error_flag = {
@@ -672,6 +689,24 @@ pub fn cases() -> Vec<Case> {
             "error",
             ErrorCode::MalformedFrame,
             "section offset+length overflows u32 and runs past the body",
+        ),
+        bad(
+            "push_merged_sections_overlap",
+            encode_frame(15, &merged_overlap.into(), &merged).to_vec(),
+            max,
+            false,
+            "error",
+            ErrorCode::MalformedFrame,
+            "the second section starts inside the first: its bytes would be stored twice",
+        ),
+        bad(
+            "push_merged_section_empty",
+            encode_frame(15, &merged_empty.into(), &merged).to_vec(),
+            max,
+            false,
+            "error",
+            ErrorCode::MalformedFrame,
+            "a section of no bytes",
         ),
         bad(
             "string_not_utf8",

@@ -83,13 +83,16 @@ impl<F: Clone> Apps<F> {
             .or_insert_with(|| App { last_seen: now, shuffles: HashMap::new() });
         app.last_seen = now;
         match app.shuffles.get(&r.shuffle_id) {
-            Some(s) if s.num_partitions() != r.num_partitions || s.num_maps() != r.num_maps => {
-                Err(Refusal::new(
-                    ErrorCode::InvalidRequest,
-                    format!("{} is already registered with other sizes", s.key()),
-                ))
+            Some(s) => {
+                s.check_not_lost()?;
+                if s.num_partitions() != r.num_partitions || s.num_maps() != r.num_maps {
+                    return Err(Refusal::new(
+                        ErrorCode::InvalidRequest,
+                        format!("{} is already registered with other sizes", s.key()),
+                    ));
+                }
+                Ok(())
             }
-            Some(_) => Ok(()),
             None => {
                 let key = ShuffleKey::new(&r.app_id, r.shuffle_id);
                 let s = Shuffle::new(key, r.num_maps, r.num_partitions, chunk_bytes)

@@ -215,6 +215,17 @@ impl<F: Clone> Shuffle<F> {
         s
     }
 
+    /// `DATA_LOST` for a shuffle lost at the server's restart ([`Self::lost_at_start`]).
+    pub fn check_not_lost(&self) -> Result<(), Refusal> {
+        match &self.lost {
+            Some(why) => Err(Refusal::new(
+                ErrorCode::DataLost,
+                format!("{} lost at the server's restart: {why}", self.key),
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// The commit record of a readable shuffle (see `record`): its map ends and each
     /// partition's files, named by `name`, and chunk index. Of a parked one (see
     /// [`Self::park`]): its registration, marked not sealed, read back as an open shuffle.
@@ -360,7 +371,11 @@ impl<F: Clone> Shuffle<F> {
                 ));
             };
             let first = runs.len();
+            let mut outside_maps = None;
             validate_batches(bytes, |h| {
+                if h.map_id >= self.num_maps {
+                    outside_maps.get_or_insert(h.map_id);
+                }
                 let size = BATCH_HEADER_LEN as u32 + h.length;
                 match runs[first..].last_mut() {
                     Some(r) if (r.map_id, r.attempt_id) == (h.map_id, h.attempt_id) => {
@@ -370,6 +385,13 @@ impl<F: Clone> Shuffle<F> {
                 }
             })
             .map_err(|e| Refusal::new(e.code(), e.to_string()))?;
+            if let Some(m) = outside_maps {
+                // Stored, it could never be read: streams name maps below `num_maps`.
+                return Err(Refusal::new(
+                    ErrorCode::InvalidRequest,
+                    format!("a batch of map {m} in a {}-map shuffle", self.num_maps),
+                ));
+            }
             runs_end.push(runs.len());
         }
         // Small sections are copied into their partitions' buffers (see `buffer`), paid for by
@@ -504,6 +526,13 @@ impl<F: Clone> Shuffle<F> {
                 format!("map {map_id} of a {}-map shuffle", self.num_maps),
             ));
         }
+        let nparts = self.num_partitions();
+        if let Some((pid, _)) = counts.iter().find(|c| c.0 >= nparts) {
+            return Err(Refusal::new(
+                ErrorCode::InvalidRequest,
+                format!("map {map_id} reports batches of partition {pid} of a {nparts}-partition shuffle"),
+            ));
+        }
         let committed = self.lifecycle() != Lifecycle::Open;
         match self.maps.lock().record(map_id, attempt_id, counts, committed) {
             (Ended::Winner(w), dropped) => Ok((w, dropped)),
@@ -519,6 +548,9 @@ impl<F: Clone> Shuffle<F> {
     /// returned beside the plans (for the log). The commit is done once
     /// [`Self::flushes_in_flight`] is 0: then [`Self::finish_commit`].
     pub fn begin_commit(&self, files: &impl FileSource<F>) -> Result<CommitFlushes<F>, Refusal> {
+        // A shuffle lost at the server's restart has nothing to commit: answering with its
+        // (no) partitions would tell the client the data is there and empty.
+        self.check_not_lost()?;
         if self.advance(Lifecycle::Committing) == Lifecycle::Deleted {
             return Err(Refusal::new(
                 ErrorCode::UnknownShuffle,
@@ -611,10 +643,7 @@ impl<F: Clone> Shuffle<F> {
             });
         }
         let pid = o.partition_id;
-        if let Some(why) = &self.lost {
-            let why = format!("{} lost at the server's restart: {why}", self.key);
-            return Err(Refusal::new(ErrorCode::DataLost, why));
-        }
+        self.check_not_lost()?;
         let Some(p) = self.partitions.get(pid as usize) else {
             let why = format!("partition {pid} does not exist");
             return Err(Refusal::new(ErrorCode::InvalidRequest, why));

@@ -541,3 +541,40 @@ fn a_buffer_waiting_through_two_age_checks_is_flushed_and_only_while_open() {
     assert!(s.begin_commit(&files).unwrap().flushes.len() == 2);
     assert!(s.flush_aged(0, &files).0.is_empty(), "a committing shuffle is the commit's");
 }
+
+#[test]
+fn ids_a_reader_could_never_name_are_refused() {
+    let files = Numbers::default();
+    let s = shuffle(1 << 20); // 2 maps, 2 partitions
+                              // A batch of map 2 of a 2-map shuffle: stored, no stream could ever read it.
+    let body = batch_body(2, 0, 10);
+    let pushed = s.push(&[section(0, &body)], &body, None, &files);
+    assert_eq!((pushed.result.unwrap_err().code(), pushed.stored), (ErrorCode::InvalidRequest, 0));
+    assert_eq!(s.partition(0).unwrap().buffered_bytes(), 0, "nothing stored");
+    // A map end that reports batches of partition 2 of a 2-partition shuffle.
+    let e = s.mapper_end(0, 0, &[(0, 1), (2, 1)]).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidRequest, "{}", e.reason());
+    assert!(s.mapper_end(0, 0, &[(0, 1), (1, 1)]).is_ok());
+}
+
+#[test]
+fn a_shuffle_lost_at_start_refuses_its_commit_and_registration_with_data_lost() {
+    let files = Numbers::default();
+    let apps: Apps<u32> = Apps::default();
+    let s = Shuffle::lost_at_start(ShuffleKey::new("app", 1), "record unreadable".into());
+    apps.insert_recovered(s, Instant::now());
+    let s = apps.shuffle("app", 1).unwrap();
+    // A retried commit must not answer "committed, no partitions": the data is gone.
+    let e = s.begin_commit(&files).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::DataLost, "{}", e.reason());
+    let r = RegisterShuffle {
+        app_id: "app".into(),
+        shuffle_id: 1,
+        num_maps: 2,
+        num_partitions: 2,
+        ..Default::default()
+    };
+    let e = apps.register_shuffle(&r, 1 << 20, 0, Instant::now()).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::DataLost, "{}", e.reason());
+    assert_eq!(s.open_stream(&stream(0), |_, _| ()).unwrap_err().code(), ErrorCode::DataLost);
+}

@@ -30,6 +30,11 @@ use crate::tls::TlsListener;
 /// How long we keep reading (and dropping) a peer's bytes after a fatal error frame.
 const LINGER: Duration = Duration::from_secs(1);
 const LINGER_MAX_BYTES: usize = 4 << 20;
+/// Bound on each wait of the handshake (TLS, then each handshake frame and reply) when
+/// `idle_timeout_ms` is 0: "never drop an idle peer" is meant for connections that proved who
+/// they are, not for one that connects and stays silent, which would hold its
+/// `max_connections` slot forever.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why the read loop ended.
 enum End {
@@ -70,15 +75,16 @@ pub(super) async fn run<H: Handler>(
         tracing::warn!(error = %e, "setting socket options failed");
     }
     let idle = millis(cfg.idle_timeout_ms);
+    // Every wait before the handshake completes is bounded, whatever `idle_timeout_ms` says.
+    let handshake_limit = idle.unwrap_or(HANDSHAKE_TIMEOUT);
     let (mut reader, mut wr) = match &shared.tls {
         None => {
             let (rd, wr) = stream.into_split();
             (FrameReader::new(rd, HANDSHAKE_MAX_FRAME_BYTES, idle), Sink::Plain(wr))
         }
         Some(tls) => {
-            let limit = idle.unwrap_or(Duration::from_secs(10));
             let accepted = tokio::select! {
-                r = crate::ktls::accept(tls, stream, limit, &stats) => r,
+                r = crate::ktls::accept(tls, stream, handshake_limit, &stats) => r,
                 _ = stop.wait_for(|s| *s) => return,
             };
             let Some((rd, wr)) = accepted else { return };
@@ -88,7 +94,7 @@ pub(super) async fn run<H: Handler>(
     reader.set_body_pool(handler.body_pool());
 
     let handshake = tokio::select! {
-        r = handshake(&mut reader, &mut wr, cfg, idle, id, peer) => r,
+        r = handshake(&mut reader, &mut wr, cfg, handshake_limit, id, peer) => r,
         _ = stop.wait_for(|s| *s) => return,
     };
     let (conn, max_frame, reply) = match handshake {
@@ -98,14 +104,14 @@ pub(super) async fn run<H: Handler>(
             tracing::info!(%code, %text, "handshake refused");
             TransportStats::add(&stats.handshakes_failed, 1);
             let frame = encode_frame(request_id, &Message::error(code, text), &[]);
-            if write_direct(&mut wr, &frame, idle).await.is_ok() {
+            if write_direct(&mut wr, &frame, handshake_limit).await.is_ok() {
                 let _ = wr.shutdown().await;
                 reader.drain(LINGER, LINGER_MAX_BYTES).await;
             }
             return;
         }
     };
-    if let Err(e) = write_direct(&mut wr, &reply, idle).await {
+    if let Err(e) = write_direct(&mut wr, &reply, handshake_limit).await {
         tracing::debug!(error = %e, "handshake reply not sent");
         return;
     }
@@ -169,7 +175,8 @@ async fn finish_writer(
 
 /// Why a handshake did not complete.
 enum HandshakeEnd {
-    /// The peer left (or stayed silent past the idle timeout) without a word: nothing to answer.
+    /// The peer left (or stayed silent past the handshake's bound) without a word: nothing to
+    /// answer.
     PeerLeft,
     /// Refused: answer request `request_id` with this error, then close.
     Refused { request_id: u32, code: ErrorCode, text: String },
@@ -181,18 +188,17 @@ impl HandshakeEnd {
     }
 }
 
-/// Reads the next frame of the handshake, within the idle timeout.
+/// Reads the next frame of the handshake, within `limit`.
 async fn handshake_frame(
     reader: &mut FrameReader,
-    idle: Option<Duration>,
+    limit: Duration,
 ) -> Result<(sluice_proto::Header, Message), HandshakeEnd> {
-    let read = reader.read_head();
-    let head = match idle {
-        Some(t) => match tokio::time::timeout(t, read).await {
-            Ok(r) => r,
-            Err(_) => return Err(HandshakeEnd::PeerLeft),
-        },
-        None => read.await,
+    let head = match tokio::time::timeout(limit, reader.read_head()).await {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::debug!(after_ms = limit.as_millis() as u64, "no handshake in time; closing");
+            return Err(HandshakeEnd::PeerLeft);
+        }
     };
     match head {
         Ok(Some(x)) => Ok(x),
@@ -204,18 +210,19 @@ async fn handshake_frame(
     }
 }
 
-/// Reads and checks the client's handshake. With a cluster key configured, challenges the
-/// client to prove the credential of the application it names (of the cluster when it names
-/// none) and binds the connection to that identity (`docs/security.md`).
+/// Reads and checks the client's handshake, each read and write within `limit`. With a cluster
+/// key configured, challenges the client to prove the credential of the application it names
+/// (of the cluster when it names none) and binds the connection to that identity
+/// (`docs/security.md`).
 async fn handshake(
     reader: &mut FrameReader,
     wr: &mut Sink,
     cfg: &ServerConfig,
-    idle: Option<Duration>,
+    limit: Duration,
     id: u64,
     peer: SocketAddr,
 ) -> Result<(Arc<ConnInfo>, u32, bytes::BytesMut), HandshakeEnd> {
-    let (h, hs) = match handshake_frame(reader, idle).await? {
+    let (h, hs) = match handshake_frame(reader, limit).await? {
         (h, Message::Handshake(hs)) => (h, hs),
         (h, _) => {
             return Err(HandshakeEnd::refused(
@@ -241,10 +248,10 @@ async fn handshake(
             let server_nonce = nonce();
             let challenge = AuthChallenge { server_nonce: server_nonce.clone() };
             let frame = encode_frame(h.request_id, &Message::AuthChallenge(challenge), &[]);
-            if write_direct(wr, &frame, idle).await.is_err() {
+            if write_direct(wr, &frame, limit).await.is_err() {
                 return Err(HandshakeEnd::PeerLeft);
             }
-            let (ph, proof) = match handshake_frame(reader, idle).await? {
+            let (ph, proof) = match handshake_frame(reader, limit).await? {
                 (ph, Message::AuthProof(p)) => (ph, p),
                 (ph, other) => {
                     return Err(HandshakeEnd::refused(
@@ -294,23 +301,16 @@ async fn handshake(
     Ok((Arc::new(conn), max_frame, reply))
 }
 
-/// Writes a whole frame before the writer task exists (handshake replies and refusals).
-async fn write_direct(
-    wr: &mut Sink,
-    frame: &[u8],
-    idle: Option<Duration>,
-) -> Result<(), TransportError> {
-    let write = wr.write_all_flush(frame);
-    match idle {
-        Some(t) => tokio::time::timeout(t, write)
-            .await
-            .map_err(|_| TransportError::Timeout {
-                what: "peer stalled: handshake write",
-                after_ms: t.as_millis() as u64,
-            })?
-            .map_err(Into::into),
-        None => write.await.map_err(Into::into),
-    }
+/// Writes a whole frame before the writer task exists (handshake replies and refusals), within
+/// `limit`.
+async fn write_direct(wr: &mut Sink, frame: &[u8], limit: Duration) -> Result<(), TransportError> {
+    tokio::time::timeout(limit, wr.write_all_flush(frame))
+        .await
+        .map_err(|_| TransportError::Timeout {
+            what: "peer stalled: handshake write",
+            after_ms: limit.as_millis() as u64,
+        })?
+        .map_err(Into::into)
 }
 
 /// Whether a message type only ever travels as a response.

@@ -52,14 +52,27 @@ public record PushMerged(String appId, int shuffleId, List<Section> entries) imp
         Wire.readU32(b, "partition_id"), Wire.readU32(b, "offset"), Wire.readU32(b, "length"))));
   }
 
-  /** Checks that every section lies inside a body of {@code bodyLen} bytes (without overflow). */
+  /**
+   * Checks that every section lies inside a body of {@code bodyLen} bytes (without overflow), is
+   * not empty and starts at or after the end of the one before: no byte in two sections.
+   */
   public void checkSections(long bodyLen) {
+    long next = 0; // where the next section may start
     for (Section s : entries) {
-      long end = Integer.toUnsignedLong(s.offset()) + Integer.toUnsignedLong(s.length());
+      long offset = Integer.toUnsignedLong(s.offset());
+      long end = offset + Integer.toUnsignedLong(s.length());
       if (end > bodyLen) {
         throw ProtocolException.malformed("section " + s + " runs past the body of " + bodyLen
             + " bytes");
       }
+      if (s.length() == 0) {
+        throw ProtocolException.malformed("section " + s + " is empty");
+      }
+      if (offset < next) {
+        throw ProtocolException.malformed("section " + s + " overlaps the one before or is out of"
+            + " body order");
+      }
+      next = end;
     }
   }
 }

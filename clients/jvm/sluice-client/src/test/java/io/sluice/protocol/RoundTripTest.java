@@ -193,8 +193,16 @@ class RoundTripTest {
       case QUOTA_REPORT -> new QuotaReport(str(r), list(r, () -> new QuotaReport.AtQuota(
           r.nextInt(2), str(r), str(r), r.nextLong(), r.nextLong())));
       case PUSH -> new Push(str(r), r.nextInt(), r.nextInt());
-      case PUSH_MERGED -> new PushMerged(str(r), r.nextInt(),
-          list(r, () -> new PushMerged.Section(r.nextInt(), r.nextInt(100), r.nextInt(100))));
+      case PUSH_MERGED -> {
+        // Sections in body order, none empty, none overlapping (gaps allowed), as decoding wants.
+        int[] at = {0};
+        yield new PushMerged(str(r), r.nextInt(), list(r, () -> {
+          int offset = at[0] + r.nextInt(10);
+          int length = 1 + r.nextInt(100);
+          at[0] = offset + length;
+          return new PushMerged.Section(r.nextInt(), offset, length);
+        }));
+      }
       case PUSH_ACK -> PushAck.INSTANCE;
       case BUSY -> new Busy(r.nextInt());
       case MAPPER_END -> new MapperEnd(str(r), r.nextInt(), r.nextInt(), r.nextInt(),
