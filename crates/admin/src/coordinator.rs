@@ -217,7 +217,7 @@ async fn unregister(
     body: Bytes,
 ) -> Result<impl IntoResponse, Refusal> {
     let why = action(&body)?.reason.unwrap_or_default();
-    if !s.coord.unregister_app(&app) {
+    if !s.coord.unregister_app_everywhere(&app).await {
         return Err(unknown_app(&app));
     }
     tracing::info!(app = %app, reason = %why, "application unregistered through the admin API");

@@ -10,11 +10,12 @@
 //! coordinator can undrain it. A server that sends no `ServerStatus` (an older one) keeps the
 //! mark, which this coordinator alone honours.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_proto::message::{
-    DiskReport, DrainOrder, Message, ServerAddr, ServerStatus, DRAIN_ORDER_NONE, DRAIN_ORDER_START,
-    DRAIN_ORDER_STOP, NO_REPLICA,
+    DiskReport, DrainOrder, Message, ServerAddr, ServerStatus, ShuffleSync, DRAIN_ORDER_NONE,
+    DRAIN_ORDER_START, DRAIN_ORDER_STOP, NO_REPLICA,
 };
 
 use crate::{Coordinator, Refused, Registered, ServerInfo};
@@ -261,8 +262,20 @@ impl Coordinator {
         true
     }
 
-    /// Forgets an application and its shuffles' assignments (the servers delete its data when
-    /// its heartbeats stop reaching them). `false` when it is not known here.
+    /// [`Self::unregister_app`], then hands the removal to the peer coordinators (as an
+    /// `UnregisterApp` answered here would be), so that none of them keeps answering with the
+    /// application's assignments or teaches them back to a restarting coordinator.
+    pub async fn unregister_app_everywhere(self: &Arc<Self>, app_id: &str) -> bool {
+        let known = self.unregister_app(app_id);
+        if known && !self.config.peers.is_empty() {
+            let sync = ShuffleSync { removed_apps: vec![app_id.to_owned()], ..Default::default() };
+            self.hand_over(sync.into()).await;
+        }
+        known
+    }
+
+    /// Forgets an application and its shuffles' assignments here (the servers delete its data
+    /// when its heartbeats stop reaching them). `false` when it is not known here.
     pub fn unregister_app(&self, app_id: &str) -> bool {
         let mut view = self.view.lock();
         let had_app = view.apps.remove(app_id).is_some();

@@ -16,11 +16,17 @@ fn free_port() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
+const TOKEN: &str = "ha-admin-token-0123456789";
+
 fn coordinator(scratch: &Scratch, name: &str, listen: SocketAddr, peer: SocketAddr) -> Proc {
     let args = [
         "coordinator".to_string(),
         "--listen".into(),
         listen.to_string(),
+        "--metrics-listen".into(),
+        "127.0.0.1:0".into(),
+        "--set".into(),
+        format!("admin_token={TOKEN}"),
         "--set".into(),
         format!("peers=[\"{peer}\"]"),
         "--set".into(),
@@ -126,6 +132,24 @@ async fn any_coordinator_answers_and_a_killed_one_costs_the_job_nothing() {
         let conn = raw(pb).await;
         call(&conn, UnregisterShuffle { app_id: "ha-app".into(), shuffle_id: 2 }).await.unwrap();
         assert_eq!(assignment_at(pa, "ha-app", 2).await, Err(ErrorCode::UnknownShuffle));
+
+        // So does forgetting the application through B's admin API: A no longer answers with
+        // its assignments either.
+        assert!(matches!(assignment_at(pa, "ha-app", 1).await, Ok(Message::Assignment(_))));
+        let admin = sluice_admin::AdminClient::new(
+            &b.metrics.expect("B's admin address").to_string(),
+            Some(TOKEN.into()),
+            std::time::Duration::from_secs(10),
+        );
+        let answer = admin
+            .call("POST".parse().unwrap(), "/api/v1/apps/ha-app/unregister", bytes::Bytes::new())
+            .await
+            .expect("an answer");
+        assert_eq!(answer.status.as_u16(), 200, "{}", String::from_utf8_lossy(&answer.body));
+        for c in [pb, pa] {
+            let left = assignment_at(c, "ha-app", 1).await;
+            assert!(left.is_err(), "{c} still answers for the unregistered app: {left:?}");
+        }
         drop(b);
     })
     .await

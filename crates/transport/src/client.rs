@@ -52,10 +52,31 @@ struct Pending {
 
 struct Shared {
     pending: Mutex<Pending>,
-    /// Frames received from the server since the handshake: a request that times out with this
-    /// unchanged since it was sent heard nothing at all from the server meanwhile, the sign of a
-    /// dead peer rather than a slow request.
-    frames_received: AtomicU64,
+    /// Bytes read from the server (from the handshake on, a body's bytes as they arrive): a
+    /// request that times out with this unchanged since it was sent heard nothing at all from
+    /// the server meanwhile, the sign of a dead peer rather than a slow request or a long body.
+    bytes_received: Arc<AtomicU64>,
+}
+
+/// A read half that counts the bytes read through it (see [`Shared::bytes_received`]).
+struct CountingRead<R> {
+    inner: R,
+    count: Arc<AtomicU64>,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for CountingRead<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Ok(())) = &polled {
+            self.count.fetch_add((buf.filled().len() - before) as u64, Relaxed);
+        }
+        polled
+    }
 }
 
 impl Shared {
@@ -209,6 +230,8 @@ impl Connection {
             client_nonce: client_nonce.clone(),
         };
         wr.write_all_flush(&encode_frame(0, &Message::Handshake(hs), &[])).await?;
+        let bytes_received = Arc::new(AtomicU64::new(0));
+        let rd = CountingRead { inner: rd, count: bytes_received.clone() };
         let mut reader = FrameReader::new(rd, HANDSHAKE_MAX_FRAME_BYTES, idle);
         let mut reply = match reader.read_head().await {
             Err(TransportError::Proto(_)) if reader.front_looks_like_tls() => {
@@ -258,10 +281,7 @@ impl Connection {
         TransportStats::add(&stats.connections_accepted, 1);
         TransportStats::add(&stats.connections_open, 1);
 
-        let shared = Arc::new(Shared {
-            pending: Mutex::new(Pending::default()),
-            frames_received: AtomicU64::new(0),
-        });
+        let shared = Arc::new(Shared { pending: Mutex::new(Pending::default()), bytes_received });
         let (outbound, writer) = Outbound::start(wr, WriterOptions::from(cfg), stats.clone());
         let span = tracing::info_span!("client_conn", %addr);
         let reader_task = tokio::spawn(
@@ -312,17 +332,18 @@ impl Connection {
     /// partition), and a pool would otherwise keep handing out the connection, each request
     /// waiting the whole timeout. Requests still pending on it fail at once with `Closed`
     /// saying why; the pool opens a new connection on the next [`crate::Pool::get`]. A
-    /// connection that received other frames meanwhile is alive and stays.
+    /// connection that received any bytes meanwhile (another answer, part of a long body) is
+    /// alive and stays.
     pub async fn request(&self, message: Message, body: Body) -> Result<Reply, TransportError> {
         let Some(t) = self.request_timeout else {
             return self.request_inner(message, body).await;
         };
-        let heard_before = self.shared.frames_received.load(Relaxed);
+        let heard_before = self.shared.bytes_received.load(Relaxed);
         match tokio::time::timeout(t, self.request_inner(message, body)).await {
             Ok(r) => r,
             Err(_) => {
                 let after_ms = t.as_millis() as u64;
-                if self.shared.frames_received.load(Relaxed) == heard_before {
+                if self.shared.bytes_received.load(Relaxed) == heard_before {
                     self.retire(format!(
                         "{} sent nothing for {after_ms} ms while a request waited \
                          (request_timeout_ms): presumed dead, connection closed",
@@ -413,8 +434,6 @@ async fn read_loop(
             }
             Err(e) => return format!("read failed: {e}"),
         };
-        // Counted at the head: a large body still arriving is the server answering.
-        shared.frames_received.fetch_add(1, Relaxed);
         let body = match reader.read_body(h.body_len()).await {
             Ok(b) => b,
             Err(e) => return format!("read failed: {e}"),

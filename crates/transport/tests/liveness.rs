@@ -101,7 +101,18 @@ async fn fake_server() -> FakeServer {
                         return;
                     };
                     if let Message::FetchChunk(FetchChunk { stream_id, chunk_index }) = m {
-                        if chunk_index != 0 {
+                        if chunk_index == 3 {
+                            // A long answer: its head at once, its body dribbled over 1 s.
+                            let data = Message::ChunkData(ChunkData { stream_id, chunk_index });
+                            let body = vec![7u8; 40 * 64];
+                            let frame = sluice_proto::encode_frame(id, &data, &body);
+                            let (head, rest) = frame.split_at(frame.len() - body.len());
+                            peer.send(head).await;
+                            for piece in rest.chunks(64) {
+                                tokio::time::sleep(Duration::from_millis(25)).await;
+                                peer.send(piece).await;
+                            }
+                        } else if chunk_index != 0 {
                             let data = Message::ChunkData(ChunkData { stream_id, chunk_index });
                             peer.send(&sluice_proto::encode_frame(id, &data, &[])).await;
                         }
@@ -127,7 +138,8 @@ async fn read_or_wait(peer: &mut RawPeer) -> Option<(u32, Message, bytes::Bytes)
     }
 }
 
-/// A server that stops answering (here: never answers `chunk_index` 0) and sends nothing else:
+/// A server that stops answering (here: never answers `chunk_index` 0; chunk 3's answer comes
+/// slowly) and sends nothing else:
 /// the request times out, the connection is closed (a request pipelined behind it fails at once
 /// with `Closed` saying why, rather than waiting out its own timeout), and the pool's next
 /// connection is a new one.
@@ -181,6 +193,30 @@ async fn a_timeout_on_a_connection_that_hears_from_its_server_keeps_it() {
     assert!(matches!(err, TransportError::Timeout { .. }), "{err:?}");
     assert!(!conn.is_closed());
     conn.request(fetch(2), Body::Empty).await.unwrap();
+    assert_eq!(fake.accepted.load(Ordering::SeqCst), 1);
+}
+
+/// A request that times out while a long answer is still arriving on its connection (the
+/// answer's head came before the request was sent, its body keeps coming after the timeout):
+/// the server is alive, so the connection stays, and serves the next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_while_a_long_body_arrives_keeps_the_connection() {
+    let fake = fake_server().await;
+    let cfg = ClientConfig { request_timeout_ms: 400, ..client_config() };
+    let conn = Arc::new(Connection::connect(fake.addr, &cfg).await.unwrap());
+    let c = conn.clone();
+    let long = tokio::spawn(async move { c.request(fetch(3), Body::Empty).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let err = conn.request(fetch(0), Body::Empty).await.unwrap_err();
+    assert!(matches!(err, TransportError::Timeout { .. }), "{err:?}");
+    assert!(!conn.is_closed(), "closed while the server was sending");
+    // The long answer outlasts its own timeout too, with its bytes arriving all along.
+    let err = long.await.unwrap().unwrap_err();
+    assert!(matches!(err, TransportError::Timeout { .. }), "{err:?}");
+    assert!(!conn.is_closed(), "closed while the server was sending");
+    tokio::time::sleep(Duration::from_millis(800)).await; // the rest of the body
+    let reply = conn.request(fetch(1), Body::Empty).await.unwrap();
+    assert!(matches!(reply.message, Message::ChunkData(_)));
     assert_eq!(fake.accepted.load(Ordering::SeqCst), 1);
 }
 
