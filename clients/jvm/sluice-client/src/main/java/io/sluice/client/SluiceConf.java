@@ -26,7 +26,8 @@ import java.util.Map;
  * <tr><td>sluice.tls.certFile, sluice.tls.keyFile</td><td>""</td><td>the client's certificate chain and PKCS#8 key (PEM), for servers that require them (mTLS)</td></tr>
  * <tr><td>sluice.client.connectionsPerPeer</td><td>2</td><td>connections pooled per server</td></tr>
  * <tr><td>sluice.client.connectTimeoutMs</td><td>10000</td><td>TCP connect + handshake timeout</td></tr>
- * <tr><td>sluice.client.requestTimeoutMs</td><td>120000</td><td>time a request may wait for its answer</td></tr>
+ * <tr><td>sluice.client.requestTimeoutMs</td><td>120000</td><td>time a request may wait for its answer
+ *     (one that times out with nothing read from its connection since closes it as dead)</td></tr>
  * <tr><td>sluice.client.pushBatchBytes</td><td>1m (at most half of maxFrameBytes)</td><td>a writer sends a server's batches once this many are buffered</td></tr>
  * <tr><td>sluice.client.maxInFlightBytes</td><td>64m</td><td>a writer blocks while this many pushed bytes await their ack</td></tr>
  * <tr><td>sluice.client.maxFrameBytes</td><td>64m</td><td>max_frame_bytes proposed in the handshake</td></tr>

@@ -25,6 +25,8 @@ import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.RejectedExecutionException;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * One connection to a Sluice server or coordinator, after its handshake. Many requests may be in
@@ -36,9 +38,17 @@ import java.util.concurrent.atomic.AtomicInteger;
  * is above its high water mark block (up to the request timeout) until it drains below the low
  * water mark, instead of queueing without bound.
  *
+ * <p>A request that times out while nothing at all arrived from the peer since it was sent
+ * closes the connection: the peer is presumed dead (its host gone without a FIN, a network
+ * partition), and the pool would otherwise keep handing the connection out, each request waiting
+ * the whole timeout. The other pending requests then fail at once with a (retriable) connection
+ * failure and the factory connects anew. A connection that read anything meanwhile (another
+ * answer, part of a long body) is alive and stays.
+ *
  * <p>Thread-safe. Instances come from {@link TransportClientFactory}.
  */
 public final class TransportClient implements AutoCloseable {
+  private static final Logger LOG = LoggerFactory.getLogger(TransportClient.class);
   private final Channel channel;
   private final String peer;
   private final int requestTimeoutMs;
@@ -47,10 +57,14 @@ public final class TransportClient implements AutoCloseable {
   private final Object writability = new Object();
   private volatile int maxFrameBytes = io.sluice.protocol.FrameHeader.HANDSHAKE_MAX_FRAME_BYTES;
   private volatile Throwable closeCause;
+  /** {@link System#nanoTime()} of the last read from the socket that brought bytes. */
+  private volatile long lastReadNanos = System.nanoTime();
 
   private static final class Pending {
     final CompletableFuture<Frame> future = new CompletableFuture<>();
     ScheduledFuture<?> timeout;
+    /** {@link System#nanoTime()} when the request was written. */
+    long sentNanos;
   }
 
   TransportClient(Channel channel, String peer, int requestTimeoutMs) {
@@ -58,6 +72,11 @@ public final class TransportClient implements AutoCloseable {
     this.peer = peer;
     this.requestTimeoutMs = requestTimeoutMs;
     channel.pipeline().addLast("client", new Handler());
+  }
+
+  /** The connection's channel (for tests: its options). */
+  Channel channel() {
+    return channel;
   }
 
   /** "host:port" of the peer. */
@@ -209,9 +228,8 @@ public final class TransportClient implements AutoCloseable {
       out.release(); // failed meanwhile (the connection was lost)
       return;
     }
-    p.timeout = channel.eventLoop().schedule(
-        () -> fail(id, new SluiceException(ErrorCode.TIMEOUT, message.type().wireName()
-            + " to " + peer + " got no answer in " + requestTimeoutMs + " ms")),
+    p.sentNanos = System.nanoTime();
+    p.timeout = channel.eventLoop().schedule(() -> timedOut(id, p, message),
         requestTimeoutMs, TimeUnit.MILLISECONDS);
     channel.writeAndFlush(out).addListener(f -> {
       if (!f.isSuccess()) {
@@ -255,6 +273,22 @@ public final class TransportClient implements AutoCloseable {
       if (pending.putIfAbsent(id, p) == null) {
         return id;
       }
+    }
+  }
+
+  /** A request's timeout fired (on the event loop): see the class comment. */
+  private void timedOut(int id, Pending p, Message message) {
+    boolean silent = lastReadNanos - p.sentNanos < 0;
+    String text = message.type().wireName() + " to " + peer + " got no answer in "
+        + requestTimeoutMs + " ms";
+    if (silent && channel.isActive()) {
+      text += "; nothing came from " + peer + " since it was sent: connection closed as dead";
+      closeCause = new SluiceException(ErrorCode.TIMEOUT, text);
+      LOG.warn("Closing the connection to {}: {}", peer, text);
+    }
+    fail(id, new SluiceException(ErrorCode.TIMEOUT, text));
+    if (silent) {
+      channel.close();
     }
   }
 
@@ -309,6 +343,13 @@ public final class TransportClient implements AutoCloseable {
   }
 
   private final class Handler extends ChannelInboundHandlerAdapter {
+    @Override
+    public void channelReadComplete(ChannelHandlerContext ctx) {
+      // After each batch of reads from the socket, whether or not a whole frame came of it.
+      lastReadNanos = System.nanoTime();
+      ctx.fireChannelReadComplete();
+    }
+
     @Override
     public void channelRead(ChannelHandlerContext ctx, Object msg) {
       if (!(msg instanceof Frame frame)) {

@@ -1,6 +1,7 @@
 package io.sluice.client;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertInstanceOf;
 import static org.junit.jupiter.api.Assertions.assertNotSame;
 import static org.junit.jupiter.api.Assertions.assertSame;
@@ -22,6 +23,7 @@ import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ThreadLocalRandom;
+import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
@@ -108,8 +110,64 @@ class TransportClientTest {
     assertEquals(ErrorCode.TIMEOUT, e.code());
     assertTrue(e.isRetriable());
     assertTrue(ms >= 150 && ms < 2000, "took " + ms + " ms");
-    // The connection is still usable.
+    // Nothing came from the server since the request was sent: the connection is closed as
+    // dead, and the factory hands out a new one.
+    assertTrue(e.getMessage().contains("closed as dead"), e.getMessage());
+    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
+    while (c.isActive() && System.nanoTime() < deadline) {
+      Thread.onSpinWait();
+    }
+    assertFalse(c.isActive());
+    TransportClient fresh = factory.getClient(server.hostPort());
+    assertNotSame(c, fresh);
+    assertSame(Pong.INSTANCE, fresh.callSync(Ping.INSTANCE));
+  }
+
+  @Test
+  void aTimeoutWhileTheServerAnswersOthersKeepsTheConnection() throws Exception {
+    factory.close();
+    factory = new TransportClientFactory(conf(Map.of("sluice.client.requestTimeoutMs", "300")),
+        "app-1");
+    server.ignore.add(Message.Type.APP_HEARTBEAT);
+    TransportClient c = factory.getClient(server.hostPort());
+    CompletableFuture<Message> slow = c.call(new AppHeartbeat("x"));
+    // Answers keep arriving on the connection while the heartbeat waits.
+    while (!slow.isDone()) {
+      assertSame(Pong.INSTANCE, c.callSync(Ping.INSTANCE));
+      Thread.sleep(20);
+    }
+    SluiceException e = assertThrows(SluiceException.class, () -> TransportClient.await(slow));
+    assertEquals(ErrorCode.TIMEOUT, e.code());
+    assertFalse(e.getMessage().contains("closed as dead"), e.getMessage());
+    assertTrue(c.isActive());
     assertSame(Pong.INSTANCE, c.callSync(Ping.INSTANCE));
+    assertEquals(1, server.accepted.get(), "the connection was replaced");
+  }
+
+  @Test
+  void keepaliveProbesADeadServerWithinAMinute() {
+    for (boolean epoll : new boolean[] {true, false}) {
+      if (epoll && !io.netty.channel.epoll.Epoll.isAvailable()) {
+        continue;
+      }
+      try (TransportClientFactory f = new TransportClientFactory(
+          conf(Map.of("sluice.client.preferEpoll", Boolean.toString(epoll))), "app-1")) {
+        io.netty.channel.ChannelConfig cfg = f.getClient(server.hostPort()).channel().config();
+        assertEquals(Boolean.TRUE, cfg.getOption(io.netty.channel.ChannelOption.SO_KEEPALIVE));
+        if (epoll) {
+          assertEquals(30, cfg.getOption(io.netty.channel.epoll.EpollChannelOption.TCP_KEEPIDLE));
+          assertEquals(10, cfg.getOption(io.netty.channel.epoll.EpollChannelOption.TCP_KEEPINTVL));
+          assertEquals(3, cfg.getOption(io.netty.channel.epoll.EpollChannelOption.TCP_KEEPCNT));
+        } else {
+          assertEquals(30, cfg.getOption(io.netty.channel.socket.nio.NioChannelOption.of(
+              jdk.net.ExtendedSocketOptions.TCP_KEEPIDLE)));
+          assertEquals(10, cfg.getOption(io.netty.channel.socket.nio.NioChannelOption.of(
+              jdk.net.ExtendedSocketOptions.TCP_KEEPINTERVAL)));
+          assertEquals(3, cfg.getOption(io.netty.channel.socket.nio.NioChannelOption.of(
+              jdk.net.ExtendedSocketOptions.TCP_KEEPCOUNT)));
+        }
+      }
+    }
   }
 
   @Test
