@@ -1008,7 +1008,9 @@ impl Handler for CoordHandler {
         let me = self.0.clone();
         let request = req.message;
         // All the work inside the future: the transport turns a panic into an `INTERNAL` answer
-        // only while polling it (a panic here, outside, would end the whole connection).
+        // only while polling it (a panic here, outside, would end the whole connection). So the
+        // requests of one connection may be handled out of order, each in its own task; no
+        // client pipelines coordinator requests that depend on each other.
         async move {
             // Only what changes assignments goes to the peers (and never what came from one).
             let keep = matches!(

@@ -264,10 +264,12 @@ impl Coordinator {
 
     /// [`Self::unregister_app`], then hands the removal to the peer coordinators (as an
     /// `UnregisterApp` answered here would be), so that none of them keeps answering with the
-    /// application's assignments or teaches them back to a restarting coordinator.
+    /// application's assignments or teaches them back to a restarting coordinator. The peers are
+    /// told even when this coordinator did not know the application (it may have missed a
+    /// hand-over); `false` says only that it was not known here.
     pub async fn unregister_app_everywhere(self: &Arc<Self>, app_id: &str) -> bool {
         let known = self.unregister_app(app_id);
-        if known && !self.config.peers.is_empty() {
+        if !self.config.peers.is_empty() {
             let sync = ShuffleSync { removed_apps: vec![app_id.to_owned()], ..Default::default() };
             self.hand_over(sync.into()).await;
         }

@@ -28,7 +28,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::core::{decode_record, Decoded, Shuffle, ShuffleKey};
-use crate::files::{app_dir_name, app_id_of_dir, shuffle_dir, DataFile, FileRef};
+use crate::files::{
+    app_dir_name, app_id_of_dir, could_be_app_dir, legacy_app_dir_name, shuffle_dir, DataFile,
+    FileRef,
+};
 use crate::storage::{DataDir, Storage, RECYCLE_DIR};
 
 /// The commit record's file name inside a shuffle's directory.
@@ -248,6 +251,10 @@ pub fn recover(storage: &Storage) -> Recovered {
             if app == RECYCLE_DIR || app.starts_with('.') {
                 continue;
             }
+            if !could_be_app_dir(&app) {
+                tracing::debug!(path = %app_path.display(), "not an application directory; left alone");
+                continue;
+            }
             for (shuffle, path) in subdirs(&app_path) {
                 match shuffle.parse::<u32>() {
                     Ok(id) => found.entry((app.clone(), id)).or_default().push((dir.clone(), path)),
@@ -258,13 +265,15 @@ pub fn recover(storage: &Storage) -> Recovered {
         }
     }
     let mut out = Recovered::default();
-    for ((app, shuffle_id), places) in found {
+    for ((mut app, shuffle_id), mut places) in found {
         let mut records: Vec<Result<Decoded, String>> = Vec::new();
         for (_, path) in &places {
             remove_tmp_records(path);
             match std::fs::read(path.join(INDEX_FILE)) {
                 Ok(bytes) => records.push(decode_record(&bytes).and_then(|d| {
-                    if app_dir_name(&d.app_id) == app && d.shuffle_id == shuffle_id {
+                    let named =
+                        app_dir_name(&d.app_id) == app || legacy_app_dir_name(&d.app_id) == app;
+                    if named && d.shuffle_id == shuffle_id {
                         Ok(d)
                     } else {
                         Err(format!("it is of shuffle {} of {}", d.shuffle_id, d.app_id))
@@ -272,6 +281,23 @@ pub fn recover(storage: &Storage) -> Recovered {
                 })),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => records.push(Err(format!("cannot read it: {e}"))),
+            }
+        }
+        // A shuffle a server before the one-to-one names wrote (`a.b`'s under `a_b`): moved to
+        // the directory its id has now, so that it is served, found and deleted like any other.
+        let known_id = records.iter().flatten().next().map(|d| d.app_id.clone());
+        let renamed = records.iter().flatten().map(|d| app_dir_name(&d.app_id)).find(|n| *n != app);
+        if let Some(new) = renamed {
+            match move_shuffle_dirs(&places, &new, shuffle_id) {
+                Ok(moved) => {
+                    tracing::info!(from = %app, to = %new, shuffle = shuffle_id,
+                        "shuffle directory of an older server moved to its application's name");
+                    for (dir, _) in &places {
+                        let _ = std::fs::remove_dir(dir.path.join(&app));
+                    }
+                    (app, places) = (new, moved);
+                }
+                Err(why) => records = vec![Err(why)],
             }
         }
         if records.is_empty() {
@@ -311,9 +337,11 @@ pub fn recover(storage: &Storage) -> Recovered {
                 tracing::error!(app = %app, shuffle = shuffle_id, reason = %why,
                     "commit record unreadable: the shuffle is reported lost");
                 out.lost += 1;
-                // Keyed by the application's own id where the directory's name says it, so
-                // that its readers are told the shuffle is lost, not unknown.
-                let app_id = app_id_of_dir(&app).unwrap_or_else(|| app.clone());
+                // Keyed by the application's own id (from a readable copy of the record, or
+                // where the directory's name says it), so that its readers are told the
+                // shuffle is lost, not unknown.
+                let app_id =
+                    known_id.or_else(|| app_id_of_dir(&app)).unwrap_or_else(|| app.clone());
                 Shuffle::lost_at_start(ShuffleKey::new(&app_id, shuffle_id), why)
             }
         };
@@ -325,6 +353,24 @@ pub fn recover(storage: &Storage) -> Recovered {
         out.shuffles.push(shuffle);
     }
     out
+}
+
+/// Moves each of a shuffle's directories (`places`) to `<data dir>/<app>/<shuffle_id>`; the new
+/// places, or why not (a directory already there, a failed rename: those moved stay moved, and
+/// the shuffle is reported lost).
+fn move_shuffle_dirs(places: &Places, app: &str, shuffle_id: u32) -> Result<Places, String> {
+    let mut moved = Vec::with_capacity(places.len());
+    for (dir, path) in places {
+        let to = dir.path.join(app).join(shuffle_id.to_string());
+        if to.exists() {
+            return Err(format!("{} exists; {} cannot move there", to.display(), path.display()));
+        }
+        std::fs::create_dir_all(dir.path.join(app))
+            .and_then(|()| std::fs::rename(path, &to))
+            .map_err(|e| format!("cannot move {} to {}: {e}", path.display(), to.display()))?;
+        moved.push((dir.clone(), to));
+    }
+    Ok(moved)
 }
 
 /// Whether a shuffle directory holds a partition file.

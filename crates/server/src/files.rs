@@ -163,8 +163,8 @@ pub fn app_dir_name(app_id: &str) -> String {
     s
 }
 
-/// The application id an [`app_dir_name`] stands for, when the name says it in full (not a cut
-/// name with a digest, not a name this server never makes).
+/// The application id an [`app_dir_name`] stands for, when the name says it in full: exactly
+/// the name that id is given (not a cut name with a digest, not a name this server never makes).
 pub fn app_id_of_dir(name: &str) -> Option<String> {
     if name == "~" {
         return Some(String::new());
@@ -190,7 +190,30 @@ pub fn app_id_of_dir(name: &str) -> Option<String> {
             _ => return None,
         }
     }
-    String::from_utf8(out).ok()
+    let id = String::from_utf8(out).ok()?;
+    (app_dir_name(&id) == name).then_some(id)
+}
+
+/// The directory name servers gave an application id before [`app_dir_name`] (every byte but
+/// letters, digits, `-` and `_` as `_`, an empty id as `_`): not one to one. Read at restart
+/// only, to move such a directory to its name of today.
+pub fn legacy_app_dir_name(app_id: &str) -> String {
+    let s: String = app_id
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+        .collect();
+    if s.is_empty() {
+        "_".into()
+    } else {
+        s
+    }
+}
+
+/// Whether `name` is one [`app_dir_name`] or [`legacy_app_dir_name`] could have made (a data
+/// directory's `lost+found` is not).
+pub fn could_be_app_dir(name: &str) -> bool {
+    !name.is_empty()
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'~')
 }
 
 /// A shuffle's directory inside a data directory.
@@ -253,6 +276,10 @@ mod tests {
             assert_eq!(app_id_of_dir(&name).as_deref(), Some(id), "{name}");
         }
         assert_eq!(app_id_of_dir("a~2"), None);
+        assert_eq!(app_id_of_dir("a~2Eb"), None, "upper-case hex is not a name we make");
+        assert!(could_be_app_dir("a~2eb") && could_be_app_dir("a_b"));
+        assert!(!could_be_app_dir("lost+found") && !could_be_app_dir(".recycle"));
+        assert_eq!(legacy_app_dir_name("etl.daily"), "etl_daily");
         assert_eq!(app_id_of_dir("a~41"), None, "an escaped letter is not a name we make");
         assert_eq!(app_id_of_dir(".recycle"), None);
     }

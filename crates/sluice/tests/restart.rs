@@ -130,6 +130,33 @@ async fn applications_whose_ids_differ_only_in_punctuation_keep_their_data_apart
     .await
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shuffle_in_a_directory_named_by_an_older_server_is_recovered_and_moved() {
+    bounded("a_shuffle_in_a_directory_named_by_an_older_server", 90, async {
+        let (r, mut server) = Restartable::new(&["chunk_bytes=65536"]);
+        let dot = client("etl.daily", None);
+        let a = assignment(1, &[r.addr], PARTITIONS);
+        write_shuffle(&dot, &a, true).await;
+        let before = read_all(&dot, &a).await;
+        server.kill();
+        // The layout of a server before the one-to-one names: `etl.daily` under `etl_daily`.
+        for d in &r.dirs {
+            if d.join("etl~2edaily").exists() {
+                std::fs::rename(d.join("etl~2edaily"), d.join("etl_daily")).unwrap();
+            }
+        }
+        let server = r.start();
+        assert_eq!(metric(&server, "sluice_server_recovered_shuffles_total").await, 1.0);
+        assert_eq!(metric(&server, "sluice_server_recovered_lost_total").await, 0.0);
+        assert_eq!(read_all(&dot, &a).await, before, "other bytes after the upgrade");
+        assert!(r.dirs.iter().all(|d| !d.join("etl_daily").exists()), "not moved");
+        assert!(r.dirs.iter().any(|d| d.join("etl~2edaily/1").exists()));
+        dot.unregister_shuffle(&a).await.unwrap();
+        assert!(r.data_files().is_empty() && r.index_files().is_empty(), "not deleted");
+    })
+    .await
+}
+
 /// Flips one byte in the middle of `path`.
 fn damage(path: &Path) {
     let mut bytes = std::fs::read(path).unwrap();

@@ -126,7 +126,8 @@ class TransportClientTest {
   @Test
   void aTimeoutWhileTheServerAnswersOthersKeepsTheConnection() throws Exception {
     factory.close();
-    factory = new TransportClientFactory(conf(Map.of("sluice.client.requestTimeoutMs", "300")),
+    // 1 s: each Ping must come back within it on a loaded machine, while the heartbeat waits.
+    factory = new TransportClientFactory(conf(Map.of("sluice.client.requestTimeoutMs", "1000")),
         "app-1");
     server.ignore.add(Message.Type.APP_HEARTBEAT);
     TransportClient c = factory.getClient(server.hostPort());
