@@ -288,6 +288,16 @@ pub fn recover(storage: &Storage) -> Recovered {
         let known_id = records.iter().flatten().next().map(|d| d.app_id.clone());
         let renamed = records.iter().flatten().map(|d| app_dir_name(&d.app_id)).find(|n| *n != app);
         if let Some(new) = renamed {
+            // The same shuffle under both names (an older server's copy left beside this one's):
+            // the one under today's name stands, recovered on its own; the other is left alone.
+            if let Some((_, taken)) =
+                places.iter().find(|(d, _)| d.path.join(&new).join(shuffle_id.to_string()).exists())
+            {
+                tracing::warn!(path = %taken.display(), to = %new, shuffle = shuffle_id,
+                    "an older server's shuffle directory is left alone: its shuffle is also under \
+                     its application's name of today");
+                continue;
+            }
             match move_shuffle_dirs(&places, &new, shuffle_id) {
                 Ok(moved) => {
                     tracing::info!(from = %app, to = %new, shuffle = shuffle_id,
@@ -356,8 +366,8 @@ pub fn recover(storage: &Storage) -> Recovered {
 }
 
 /// Moves each of a shuffle's directories (`places`) to `<data dir>/<app>/<shuffle_id>`; the new
-/// places, or why not (a directory already there, a failed rename: those moved stay moved, and
-/// the shuffle is reported lost).
+/// places, or why not (a failed rename: those moved stay moved, and the shuffle is reported
+/// lost).
 fn move_shuffle_dirs(places: &Places, app: &str, shuffle_id: u32) -> Result<Places, String> {
     let mut moved = Vec::with_capacity(places.len());
     for (dir, path) in places {

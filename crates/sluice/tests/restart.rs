@@ -157,6 +157,42 @@ async fn a_shuffle_in_a_directory_named_by_an_older_server_is_recovered_and_move
     .await
 }
 
+/// Copies directory `from` to `to`, files and subdirectories.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shuffle_under_both_names_is_served_from_todays_and_the_older_copy_left_alone() {
+    bounded("a_shuffle_under_both_names", 90, async {
+        let (r, mut server) = Restartable::new(&["chunk_bytes=65536"]);
+        let dot = client("etl.daily", None);
+        let a = assignment(1, &[r.addr], PARTITIONS);
+        write_shuffle(&dot, &a, true).await;
+        let before = read_all(&dot, &a).await;
+        server.kill();
+        for d in &r.dirs {
+            if d.join("etl~2edaily").exists() {
+                copy_tree(&d.join("etl~2edaily"), &d.join("etl_daily"));
+            }
+        }
+        let server = r.start();
+        assert_eq!(metric(&server, "sluice_server_recovered_shuffles_total").await, 1.0);
+        assert_eq!(metric(&server, "sluice_server_recovered_lost_total").await, 0.0);
+        assert_eq!(read_all(&dot, &a).await, before);
+        assert!(r.dirs.iter().any(|d| d.join("etl_daily/1").exists()), "the older copy went");
+    })
+    .await
+}
+
 /// Flips one byte in the middle of `path`.
 fn damage(path: &Path) {
     let mut bytes = std::fs::read(path).unwrap();
