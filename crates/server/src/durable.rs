@@ -29,8 +29,8 @@ use std::sync::Arc;
 
 use crate::core::{decode_record, Decoded, Shuffle, ShuffleKey};
 use crate::files::{
-    app_dir_name, app_id_of_dir, could_be_app_dir, legacy_app_dir_name, shuffle_dir, DataFile,
-    FileRef,
+    app_dir_name, app_id_of_dir, could_be_app_dir, legacy_app_dir_name, note_app_id, noted_app_id,
+    remove_app_dir, shuffle_dir, DataFile, FileRef,
 };
 use crate::storage::{DataDir, Storage, RECYCLE_DIR};
 
@@ -145,6 +145,7 @@ fn stage_record(
                 format!("{}: the shuffle's directory is gone, with its files", sdir.display()),
             ));
         }
+        note_app_id(&dir.path, key.app_id());
         std::fs::create_dir_all(&sdir).map_err(|e| context(e, &sdir))?;
         staged.push(StagedRecord::write(sdir, record)?);
     }
@@ -303,7 +304,7 @@ pub fn recover(storage: &Storage) -> Recovered {
                     tracing::info!(from = %app, to = %new, shuffle = shuffle_id,
                         "shuffle directory of an older server moved to its application's name");
                     for (dir, _) in &places {
-                        let _ = std::fs::remove_dir(dir.path.join(&app));
+                        remove_app_dir(&dir.path.join(&app));
                     }
                     (app, places) = (new, moved);
                 }
@@ -318,7 +319,7 @@ pub fn recover(storage: &Storage) -> Recovered {
                 }
             }
             for (dir, _) in &places {
-                let _ = std::fs::remove_dir(dir.path.join(&app));
+                remove_app_dir(&dir.path.join(&app));
             }
             tracing::info!(app = %app, shuffle = shuffle_id,
                 "shuffle was never committed; its files are deleted");
@@ -347,11 +348,13 @@ pub fn recover(storage: &Storage) -> Recovered {
                 tracing::error!(app = %app, shuffle = shuffle_id, reason = %why,
                     "commit record unreadable: the shuffle is reported lost");
                 out.lost += 1;
-                // Keyed by the application's own id (from a readable copy of the record, or
-                // where the directory's name says it), so that its readers are told the
-                // shuffle is lost, not unknown.
-                let app_id =
-                    known_id.or_else(|| app_id_of_dir(&app)).unwrap_or_else(|| app.clone());
+                // Keyed by the application's own id (from a readable copy of the record, from
+                // the directory's name, or for a shortened name from the file beside it that
+                // holds the id), so that its readers are told the shuffle is lost, not unknown.
+                let app_id = known_id
+                    .or_else(|| app_id_of_dir(&app))
+                    .or_else(|| noted_app_id(places.iter().map(|(d, _)| d.path.as_path()), &app))
+                    .unwrap_or_else(|| app.clone());
                 Shuffle::lost_at_start(ShuffleKey::new(&app_id, shuffle_id), why)
             }
         };

@@ -6,7 +6,7 @@
 //! directory).
 
 use std::fs::File;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -116,6 +116,7 @@ impl FileSource<FileRef> for Placement<'_> {
         let Some(dir) = self.storage.choose(self.avoid) else {
             return Err(self.storage.unavailable_reason());
         };
+        note_app_id(&dir.path, key.app_id());
         let path = shuffle_dir(&dir, key).join(format!("{partition}-{number}.data"));
         // A pooled file is renamed into place now; a new one is created by its first write (a
         // failure there is a write error, which moves the partition on).
@@ -216,6 +217,73 @@ pub fn could_be_app_dir(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'~')
 }
 
+/// The file in an application's directory that names the application in full, written only
+/// where [`app_dir_name`] cut the name: a restart that finds a shuffle there whose commit record
+/// is unreadable reports it lost under the application's own id (its readers are told
+/// `DATA_LOST`, not that it is unknown, and unregistering the application deletes it).
+pub const APP_ID_FILE: &str = "app-id";
+
+/// Whether [`app_dir_name`] cut `name` (it then ends in `~~` and a digest).
+fn is_cut_name(name: &str) -> bool {
+    name.contains("~~")
+}
+
+/// Where `app_id`'s directory name is cut, makes the directory on data directory `root` and
+/// writes [`APP_ID_FILE`] in it, once. Blocking. A failure is logged and otherwise left alone:
+/// the file serves only a restart that finds the shuffle's record lost.
+pub(crate) fn note_app_id(root: &Path, app_id: &str) {
+    let name = app_dir_name(app_id);
+    if !is_cut_name(&name) {
+        return;
+    }
+    let dir = root.join(&name);
+    let file = dir.join(APP_ID_FILE);
+    if file.is_file() {
+        return;
+    }
+    // Through a temporary file and a rename: a crash never leaves a partial id behind.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".{APP_ID_FILE}.{n}"));
+    let written = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(&tmp, app_id.as_bytes()))
+        .and_then(|()| std::fs::rename(&tmp, &file));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        tracing::warn!(path = %file.display(), error = %e,
+            "cannot write an application's full id beside its shortened directory name");
+    }
+}
+
+/// The application id [`APP_ID_FILE`] holds in directory `name` on any of `roots`, if it is one
+/// whose [`app_dir_name`] is `name`. Blocking.
+pub(crate) fn noted_app_id<'a>(
+    roots: impl IntoIterator<Item = &'a Path>,
+    name: &str,
+) -> Option<String> {
+    if !is_cut_name(name) {
+        return None;
+    }
+    roots.into_iter().find_map(|root| {
+        let bytes = std::fs::read(root.join(name).join(APP_ID_FILE)).ok()?;
+        let id = String::from_utf8(bytes).ok()?;
+        (app_dir_name(&id) == name).then_some(id)
+    })
+}
+
+/// Removes application directory `path` if it holds nothing but, perhaps, its [`APP_ID_FILE`].
+pub(crate) fn remove_app_dir(path: &Path) {
+    if std::fs::remove_dir(path).is_ok() {
+        return;
+    }
+    let only_id = std::fs::read_dir(path)
+        .is_ok_and(|entries| entries.filter_map(Result::ok).all(|e| e.file_name() == APP_ID_FILE));
+    if only_id {
+        let _ = std::fs::remove_file(path.join(APP_ID_FILE));
+        let _ = std::fs::remove_dir(path);
+    }
+}
+
 /// A shuffle's directory inside a data directory.
 pub(crate) fn shuffle_dir(dir: &DataDir, key: &ShuffleKey) -> PathBuf {
     dir.path.join(app_dir_name(key.app_id())).join(key.shuffle_id().to_string())
@@ -252,7 +320,7 @@ pub fn remove_shuffle_files(storage: &Storage, deleted: Deleted<FileRef>) {
 /// gone (one would be left behind per application).
 pub fn remove_app_dirs(storage: &Storage, app_id: &str) {
     for d in storage.dirs() {
-        let _ = std::fs::remove_dir(d.path.join(app_dir_name(app_id)));
+        remove_app_dir(&d.path.join(app_dir_name(app_id)));
     }
 }
 
@@ -296,5 +364,29 @@ mod tests {
         assert_eq!(app_id_of_dir(&na), None);
         let plain = "y".repeat(NAME_KEEP_MAX);
         assert_eq!(app_dir_name(&plain), plain, "up to the bound a name is kept whole");
+    }
+
+    #[test]
+    fn a_shortened_name_has_its_id_noted_beside_it() {
+        let root = tempfile::tempdir().unwrap();
+        let (short, long) = ("app.1".to_string(), "x.".repeat(300));
+        note_app_id(root.path(), &short);
+        assert!(!root.path().join(app_dir_name(&short)).exists(), "a whole name needs no note");
+        note_app_id(root.path(), &long);
+        note_app_id(root.path(), &long); // once is enough; again changes nothing
+        let name = app_dir_name(&long);
+        assert_eq!(noted_app_id([root.path()], &name), Some(long.clone()));
+        let entries = std::fs::read_dir(root.path().join(&name)).unwrap().count();
+        assert_eq!(entries, 1, "a temporary file left behind");
+        // A note that does not give this name back is not believed.
+        std::fs::write(root.path().join(&name).join(APP_ID_FILE), "other").unwrap();
+        assert_eq!(noted_app_id([root.path()], &name), None);
+        // The directory goes once nothing but the note is in it.
+        std::fs::create_dir(root.path().join(&name).join("1")).unwrap();
+        remove_app_dir(&root.path().join(&name));
+        assert!(root.path().join(&name).join(APP_ID_FILE).exists(), "a shuffle was still there");
+        std::fs::remove_dir(root.path().join(&name).join("1")).unwrap();
+        remove_app_dir(&root.path().join(&name));
+        assert!(!root.path().join(&name).exists());
     }
 }

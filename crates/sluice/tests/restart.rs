@@ -260,6 +260,55 @@ async fn damaged_records_and_files_lose_partitions_never_bytes_and_the_server_st
     .await
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_shuffle_of_an_application_with_a_shortened_directory_name_is_lost_under_its_id() {
+    bounded("a_lost_shuffle_of_an_application_with_a_shortened_directory_name", 90, async {
+        // An id whose directory name is cut and ends in a digest: the name alone cannot say it.
+        let id = format!("{}.etl", "x".repeat(300));
+        let (r, mut server) = Restartable::new(&["chunk_bytes=65536"]);
+        let c = client(&id, None);
+        let a = assignment(1, &[r.addr], PARTITIONS);
+        write_shuffle(&c, &a, true).await;
+        assert!(read_all(&c, &a).await.iter().all(|p| p.as_ref().is_ok_and(|v| !v.is_empty())));
+        let app_dirs = || -> Vec<std::path::PathBuf> {
+            let named = |e: &std::fs::DirEntry| e.file_name().to_string_lossy().starts_with("xxx");
+            r.dirs
+                .iter()
+                .flat_map(|d| std::fs::read_dir(d).unwrap().filter_map(Result::ok))
+                .filter(named)
+                .map(|e| e.path())
+                .collect()
+        };
+        let dirs = app_dirs();
+        assert!(!dirs.is_empty(), "no application directory");
+        for d in &dirs {
+            let name = d.file_name().unwrap().to_string_lossy().into_owned();
+            assert!(name.len() < 255 && name.contains("~~"), "not a shortened name: {name}");
+        }
+
+        // Every copy of the commit record unreadable: the whole shuffle is lost, and its readers
+        // (who name the application by its id) are told so, not that it is unknown.
+        server.kill();
+        for f in r.index_files() {
+            std::fs::OpenOptions::new().write(true).open(f).unwrap().set_len(10).unwrap();
+        }
+        let server = r.start();
+        assert!(metric(&server, "sluice_server_recovered_lost_total").await >= 1.0);
+        let got = read_all(&c, &a).await;
+        assert!(got.iter().all(|p| *p == Err(ErrorCode::DataLost)), "{got:?}");
+
+        // Unregistering the application deletes the lost shuffle's files and its directories.
+        c.unregister_app(&[r.addr]).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !app_dirs().is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(app_dirs(), Vec::<std::path::PathBuf>::new(), "left behind");
+        assert!(r.data_files().is_empty(), "data files left behind");
+    })
+    .await
+}
+
 fn sigterm(p: &Proc) {
     // SAFETY: kill(2) on a child's pid.
     assert_eq!(unsafe { libc::kill(p.pid() as i32, libc::SIGTERM) }, 0);
