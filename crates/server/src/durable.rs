@@ -145,8 +145,8 @@ fn stage_record(
                 format!("{}: the shuffle's directory is gone, with its files", sdir.display()),
             ));
         }
-        note_app_id(&dir.path, key.app_id());
         std::fs::create_dir_all(&sdir).map_err(|e| context(e, &sdir))?;
+        note_app_id(&dir.path, key.app_id());
         staged.push(StagedRecord::write(sdir, record)?);
     }
     Ok(staged)
@@ -332,13 +332,21 @@ pub fn recover(storage: &Storage) -> Recovered {
         // shuffle (readers of it are told it is unknown, never served part of it).
         if merged.as_ref().is_ok_and(|d| !d.sealed) && places.iter().any(|(_, p)| has_data_files(p))
         {
-            for (_, path) in &places {
+            for (dir, path) in &places {
                 let _ = std::fs::remove_dir_all(path);
+                remove_app_dir(&dir.path.join(&app));
             }
             tracing::info!(app = %app, shuffle = shuffle_id,
                 "shuffle took pushes after a restart and was never committed; its files are deleted");
             out.uncommitted += 1;
             continue;
+        }
+        if let Some(id) = &known_id {
+            // A shuffle of an older server, or one moved to a shortened name above: noted as
+            // the commit notes it, for a restart that finds its record lost.
+            for (dir, _) in &places {
+                note_app_id(&dir.path, id);
+            }
         }
         let shuffle = match merged {
             Ok(d) => Shuffle::recovered(d, |pid, n, name, needed| {

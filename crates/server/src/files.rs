@@ -116,7 +116,6 @@ impl FileSource<FileRef> for Placement<'_> {
         let Some(dir) = self.storage.choose(self.avoid) else {
             return Err(self.storage.unavailable_reason());
         };
-        note_app_id(&dir.path, key.app_id());
         let path = shuffle_dir(&dir, key).join(format!("{partition}-{number}.data"));
         // A pooled file is renamed into place now; a new one is created by its first write (a
         // failure there is a write error, which moves the partition on).
@@ -218,19 +217,30 @@ pub fn could_be_app_dir(name: &str) -> bool {
 }
 
 /// The file in an application's directory that names the application in full, written only
-/// where [`app_dir_name`] cut the name: a restart that finds a shuffle there whose commit record
-/// is unreadable reports it lost under the application's own id (its readers are told
-/// `DATA_LOST`, not that it is unknown, and unregistering the application deletes it).
+/// where [`app_dir_name`] cut the name, beside each commit record (and at restart beside each
+/// recovered shuffle's): a restart that finds a shuffle there whose commit record is unreadable
+/// reports it lost under the application's own id (its readers are told `DATA_LOST`, not that
+/// it is unknown, and unregistering the application deletes it). Only committed shuffles are
+/// recovered, so a note beside each commit record is enough.
 pub const APP_ID_FILE: &str = "app-id";
+
+/// Where [`note_app_id`] writes before it renames.
+const APP_ID_TMP_PREFIX: &str = ".app-id.";
+
+/// Held while a note is checked and written, and while an application directory holding one is
+/// checked and removed: a new shuffle's note is never deleted by the removal of the directory
+/// it is in.
+static NOTES: Mutex<()> = parking_lot::const_mutex(());
 
 /// Whether [`app_dir_name`] cut `name` (it then ends in `~~` and a digest).
 fn is_cut_name(name: &str) -> bool {
     name.contains("~~")
 }
 
-/// Where `app_id`'s directory name is cut, makes the directory on data directory `root` and
-/// writes [`APP_ID_FILE`] in it, once. Blocking. A failure is logged and otherwise left alone:
-/// the file serves only a restart that finds the shuffle's record lost.
+/// Where `app_id`'s directory name is cut, writes [`APP_ID_FILE`] in its directory on data
+/// directory `root` (which the caller has made: a shuffle's directory in it), if it is not
+/// there. Blocking: for the commit's blocking work and the start. A failure is logged and
+/// otherwise left alone: the file serves only a restart that finds the shuffle's record lost.
 pub(crate) fn note_app_id(root: &Path, app_id: &str) {
     let name = app_dir_name(app_id);
     if !is_cut_name(&name) {
@@ -238,15 +248,22 @@ pub(crate) fn note_app_id(root: &Path, app_id: &str) {
     }
     let dir = root.join(&name);
     let file = dir.join(APP_ID_FILE);
+    let _held = NOTES.lock();
     if file.is_file() {
         return;
     }
-    // Through a temporary file and a rename: a crash never leaves a partial id behind.
+    // Through a synced temporary file and a rename: neither a crash nor a power loss leaves a
+    // partial id behind (the directory is synced with the commit record after this).
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = dir.join(format!(".{APP_ID_FILE}.{n}"));
+    let tmp = dir.join(format!("{APP_ID_TMP_PREFIX}{n}"));
     let written = std::fs::create_dir_all(&dir)
-        .and_then(|()| std::fs::write(&tmp, app_id.as_bytes()))
+        .and_then(|()| {
+            use std::io::Write;
+            let mut f = File::create(&tmp)?;
+            f.write_all(app_id.as_bytes())?;
+            f.sync_data()
+        })
         .and_then(|()| std::fs::rename(&tmp, &file));
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
@@ -271,15 +288,26 @@ pub(crate) fn noted_app_id<'a>(
     })
 }
 
-/// Removes application directory `path` if it holds nothing but, perhaps, its [`APP_ID_FILE`].
+/// Removes application directory `path` if it is empty or, for a shortened name, holds nothing
+/// but its [`APP_ID_FILE`] (and temporary ones a crash left). Blocking.
 pub(crate) fn remove_app_dir(path: &Path) {
     if std::fs::remove_dir(path).is_ok() {
         return;
     }
-    let only_id = std::fs::read_dir(path)
-        .is_ok_and(|entries| entries.filter_map(Result::ok).all(|e| e.file_name() == APP_ID_FILE));
-    if only_id {
-        let _ = std::fs::remove_file(path.join(APP_ID_FILE));
+    if !path.file_name().is_some_and(|n| is_cut_name(&n.to_string_lossy())) {
+        return; // not empty: a shuffle of the application is still there
+    }
+    let _held = NOTES.lock();
+    let Ok(entries) = std::fs::read_dir(path) else { return };
+    let names: Vec<std::ffi::OsString> =
+        entries.filter_map(Result::ok).map(|e| e.file_name()).collect();
+    let noted = |n: &std::ffi::OsString| {
+        n.to_str().is_some_and(|n| n == APP_ID_FILE || n.starts_with(APP_ID_TMP_PREFIX))
+    };
+    if names.iter().all(noted) {
+        for n in &names {
+            let _ = std::fs::remove_file(path.join(n));
+        }
         let _ = std::fs::remove_dir(path);
     }
 }
@@ -373,8 +401,12 @@ mod tests {
         note_app_id(root.path(), &short);
         assert!(!root.path().join(app_dir_name(&short)).exists(), "a whole name needs no note");
         note_app_id(root.path(), &long);
-        note_app_id(root.path(), &long); // once is enough; again changes nothing
         let name = app_dir_name(&long);
+        let note = root.path().join(&name).join(APP_ID_FILE);
+        let inode = || std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&note).unwrap());
+        let first = inode();
+        note_app_id(root.path(), &long); // once is enough: not written again
+        assert_eq!(inode(), first, "the note was written again");
         assert_eq!(noted_app_id([root.path()], &name), Some(long.clone()));
         let entries = std::fs::read_dir(root.path().join(&name)).unwrap().count();
         assert_eq!(entries, 1, "a temporary file left behind");
@@ -386,7 +418,13 @@ mod tests {
         remove_app_dir(&root.path().join(&name));
         assert!(root.path().join(&name).join(APP_ID_FILE).exists(), "a shuffle was still there");
         std::fs::remove_dir(root.path().join(&name).join("1")).unwrap();
+        // A temporary note a crash left does not keep the directory.
+        std::fs::write(root.path().join(&name).join(format!("{APP_ID_TMP_PREFIX}7")), "x").unwrap();
         remove_app_dir(&root.path().join(&name));
         assert!(!root.path().join(&name).exists());
+        // A whole name's directory with something in it stays.
+        std::fs::create_dir_all(root.path().join("app~2e1").join(APP_ID_FILE)).unwrap();
+        remove_app_dir(&root.path().join("app~2e1"));
+        assert!(root.path().join("app~2e1").exists());
     }
 }

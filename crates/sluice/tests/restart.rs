@@ -284,7 +284,17 @@ async fn a_lost_shuffle_of_an_application_with_a_shortened_directory_name_is_los
         for d in &dirs {
             let name = d.file_name().unwrap().to_string_lossy().into_owned();
             assert!(name.len() < 255 && name.contains("~~"), "not a shortened name: {name}");
+            assert_eq!(std::fs::read_to_string(d.join("app-id")).unwrap(), id, "no note");
         }
+
+        // A server before the note wrote none: a restart notes its committed shuffles.
+        server.kill();
+        for d in &dirs {
+            std::fs::remove_file(d.join("app-id")).unwrap();
+        }
+        let mut server = r.start();
+        assert!(read_all(&c, &a).await.iter().all(|p| p.as_ref().is_ok_and(|v| !v.is_empty())));
+        assert!(dirs.iter().all(|d| d.join("app-id").is_file()), "not noted at restart");
 
         // Every copy of the commit record unreadable: the whole shuffle is lost, and its readers
         // (who name the application by its id) are told so, not that it is unknown.
