@@ -307,7 +307,12 @@ async fn maintenance(state: Arc<ServerState>) {
                 );
             }
             state.flush_aged();
-            state.expire_apps();
+            // In a task of its own: deleting an expired application's files is waited for
+            // on the blocking pool, and the tick goes on meanwhile.
+            tokio::spawn({
+                let state = state.clone();
+                async move { state.expire_apps().await }
+            });
             state.expire_streams();
             tokio::spawn(state.clone().offload());
             // statvfs, and deleting the recycle pool when space runs low: blocking file work.

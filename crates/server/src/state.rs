@@ -295,7 +295,10 @@ impl ServerState {
                 Ok(self.touch_app(&r.app_id))
             }
             Message::AppHeartbeat(r) => Ok(self.touch_app(&r.app_id)),
-            Message::UnregisterApp(r) => Ok(self.remove_app(&r.app_id, "unregistered")),
+            Message::UnregisterApp(r) => {
+                self.remove_app(&r.app_id, "unregistered").await;
+                Ok(Response::msg(OkMsg {}))
+            }
             Message::RegisterShuffle(r) => self
                 .check_shuffle_sizes(&r)
                 .and_then(|()| {
@@ -307,7 +310,7 @@ impl ServerState {
                     )
                 })
                 .map(|()| Response::msg(OkMsg {})),
-            Message::UnregisterShuffle(r) => self.unregister_shuffle(&r.app_id, r.shuffle_id),
+            Message::UnregisterShuffle(r) => self.unregister_shuffle(&r.app_id, r.shuffle_id).await,
             Message::CommitShuffle(c) => self.commit(&c.app_id, c.shuffle_id).await,
             Message::OpenStream(o) => self.open_stream(o, max_frame),
             Message::FetchChunk(f) => self.fetch_chunk(f).await,
@@ -486,25 +489,49 @@ impl ServerState {
         Response::msg(OkMsg {})
     }
 
-    fn remove_app(&self, app_id: &str, why: &str) -> Response {
+    /// Forgets application `app_id` and deletes its data; done once its files are gone.
+    async fn remove_app(&self, app_id: &str, why: &str) {
         if let Some(deleted) = self.apps.remove(app_id) {
             tracing::info!(
                 app = app_id,
                 shuffles = deleted.len(),
                 "application {why}; deleting its data"
             );
-            for d in deleted {
-                self.remove_files(d);
+            let mut files = Vec::with_capacity(deleted.len());
+            for mut d in deleted {
+                self.remove_objects(std::mem::take(&mut d.objects));
+                files.push(d);
             }
-            remove_app_dirs(&self.storage, app_id);
+            let app = app_id.to_string();
+            self.on_blocking_pool(move |storage| {
+                for d in files {
+                    remove_shuffle_files(storage, d);
+                }
+                remove_app_dirs(storage, &app);
+            })
+            .await;
         }
         self.quotas.app_removed(app_id);
-        Response::msg(OkMsg {})
     }
 
-    fn remove_files(&self, mut deleted: Deleted<FileRef>) {
-        let objects = std::mem::take(&mut deleted.objects);
-        remove_shuffle_files(&self.storage, deleted);
+    /// Deletes a deleted shuffle's files and objects; done once its files are gone.
+    async fn remove_files(&self, mut deleted: Deleted<FileRef>) {
+        self.remove_objects(std::mem::take(&mut deleted.objects));
+        self.on_blocking_pool(move |storage| remove_shuffle_files(storage, deleted)).await;
+    }
+
+    /// Runs file work (unlinking, renaming into the recycle pool: a big shuffle's thousands of
+    /// files take a disk's while) on tokio's blocking pool, so that it never holds an async
+    /// worker, and waits for it.
+    async fn on_blocking_pool(&self, work: impl FnOnce(&Storage) + Send + 'static) {
+        let storage = self.storage.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || work(&storage)).await {
+            tracing::error!(error = %e, "deleting files failed");
+        }
+    }
+
+    /// Deletes a deleted shuffle's objects from the store, in the background.
+    fn remove_objects(&self, objects: Vec<String>) {
         if objects.is_empty() {
             return;
         }
@@ -523,9 +550,9 @@ impl ServerState {
         });
     }
 
-    fn unregister_shuffle(&self, app_id: &str, shuffle_id: u32) -> Result<Response, Refusal> {
+    async fn unregister_shuffle(&self, app_id: &str, shuffle_id: u32) -> Result<Response, Refusal> {
         if let Some(d) = self.apps.unregister_shuffle(app_id, shuffle_id)? {
-            self.remove_files(d);
+            self.remove_files(d).await;
         }
         self.quotas.shuffle_deleted(app_id, shuffle_id);
         Ok(Response::msg(OkMsg {}))
@@ -892,11 +919,11 @@ impl ServerState {
     }
 
     /// Expires applications whose heartbeats stopped.
-    pub(crate) fn expire_apps(&self) {
+    pub(crate) async fn expire_apps(&self) {
         let limit = Duration::from_millis(self.config.app_expiry_ms);
         for id in self.apps.expired(Instant::now(), limit) {
             self.stats.apps_expired.fetch_add(1, Ordering::Relaxed);
-            self.remove_app(&id, "expired (no heartbeat)");
+            self.remove_app(&id, "expired (no heartbeat)").await;
         }
     }
 

@@ -30,7 +30,8 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::json;
 use sluice_client::ShuffleClient;
-use sluice_proto::message::Assignment;
+use sluice_proto::message::{Assignment, Ping};
+use sluice_proto::Message;
 
 use crate::cluster::{metric, own_peak_rss_bytes, Cluster, ClusterSpec};
 use crate::local::{client_for, parse_size};
@@ -212,6 +213,17 @@ pub async fn run(args: MetadataArgs) -> anyhow::Result<()> {
         server_rss.saturating_sub(server_rss0).saturating_sub(used).saturating_sub(pool);
     let server_metadata = metric(server, "sluice_server_metadata_bytes");
     let coordinator_bytes = coordinator.rss_bytes().saturating_sub(coordinator_rss0);
+
+    // The deletion: the shuffle unregistered (its files recycled or deleted) while other
+    // clients ping the server back to back, each on a connection of its own (the server's
+    // async workers each hold some of them); the slowest ping beside the slowest of pings just
+    // before, with nothing else going on (the baseline, same run).
+    let (idle_ping_max, _) = ping_while(&cluster, async { Ok(()) }, 100).await?;
+    let ((ping_max, pings), unregister_s) = {
+        let t = Instant::now();
+        let r = ping_while(&cluster, client.unregister_shuffle(&a), 0).await?;
+        (r, secs(t))
+    };
     let mib = |b: u64| b as f64 / 1048576.0;
     let out = json!({
         "bench": "metadata",
@@ -240,6 +252,10 @@ pub async fn run(args: MetadataArgs) -> anyhow::Result<()> {
         "push_seconds": push_s,
         "commit_seconds": commit_s,
         "read_seconds": read_s,
+        "unregister_seconds": unregister_s,
+        "ping_max_ms_during_unregister": ping_max * 1e3,
+        "pings_during_unregister": pings,
+        "ping_max_ms_idle": idle_ping_max * 1e3,
         "memory_budget_bytes": args.memory_budget,
         "targets": { "server_metadata_bytes": 64u64 << 20, "commit_seconds": 1.0 },
         "within_targets": server_metadata <= 64 << 20 && commit_s <= 1.0,
@@ -261,6 +277,55 @@ pub async fn run(args: MetadataArgs) -> anyhow::Result<()> {
             "  register {register_s:.3} s, push {push_s:.1} s, read {read_s:.1} s, load {}",
             out["load"].as_str().unwrap_or("?")
         );
+        println!(
+            "  unregister {unregister_s:.3} s; slowest ping meanwhile {:.2} ms ({pings} pings), \
+             idle {:.2} ms",
+            ping_max * 1e3,
+            idle_ping_max * 1e3
+        );
     }
     Ok(())
+}
+
+/// Clients pinging in [`ping_while`], each on a connection of its own.
+const PROBERS: usize = 8;
+
+/// Pings the server back to back from [`PROBERS`] clients of their own while `work` runs, and
+/// then until each answered at least `min_pings`. Returns the slowest ping's seconds and the
+/// pings answered.
+async fn ping_while(
+    cluster: &Cluster,
+    work: impl std::future::Future<Output = Result<(), sluice_client::ClientError>>,
+    min_pings: u32,
+) -> anyhow::Result<(f64, u32)> {
+    let addr = cluster.servers[0].addr;
+    let mut probers = Vec::with_capacity(PROBERS);
+    for _ in 0..PROBERS {
+        let p = client_for(cluster, "bench-metadata-ping").await?;
+        p.request(addr, Message::Ping(Ping {})).await?; // connected before the work starts
+        probers.push(p);
+    }
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let probe = |prober: &ShuffleClient| {
+        let (prober, done) = (prober.clone(), &done);
+        async move {
+            let (mut slowest, mut n) = (0f64, 0u32);
+            while !done.load(Ordering::Acquire) || n < min_pings {
+                let t = Instant::now();
+                prober.request(addr, Message::Ping(Ping {})).await?;
+                slowest = slowest.max(secs(t));
+                n += 1;
+            }
+            Ok::<_, anyhow::Error>((slowest, n))
+        }
+    };
+    let probes = futures_util::future::try_join_all(probers.iter().map(probe));
+    let work = async {
+        let r = work.await;
+        done.store(true, Ordering::Release);
+        r
+    };
+    let (probed, worked) = tokio::join!(probes, work);
+    worked?;
+    Ok(probed?.into_iter().fold((0f64, 0u32), |(s, n), (s1, n1)| (s.max(s1), n + n1)))
 }
