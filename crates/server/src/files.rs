@@ -14,10 +14,10 @@ use parking_lot::Mutex;
 use crate::core::{Deleted, FileSource, ShuffleKey};
 use crate::storage::{create_file, DataDir, Storage};
 
-/// A partition file and the directory it is on. A new file is created by the first write to
-/// it, on a flusher thread: creating a file costs the file system an inode (half a millisecond
-/// on a busy ext4), too much for an async worker holding a partition's lock, and a wide
-/// shuffle's commit would create thousands in a row.
+/// A partition file and the directory it is on. A new file is taken from the recycle pool, or
+/// created, by the first write to it, on a flusher thread: creating a file costs the file system
+/// an inode (half a millisecond on a busy ext4), and renaming one as much, too much for an async
+/// worker holding a partition's lock, and a wide shuffle's commit would make thousands in a row.
 #[derive(Debug)]
 pub struct DataFile {
     /// The open file (chunk bodies are regions of it), once created or taken from the pool.
@@ -36,12 +36,13 @@ impl DataFile {
         DataFile { file: OnceLock::from(file), creating: Mutex::new(()), dir, path }
     }
 
-    /// A file to be created at `path` by the first write ([`Self::open`]).
+    /// A file to be made at `path` by the first write ([`Self::open`]).
     pub fn to_create(dir: Arc<DataDir>, path: PathBuf) -> DataFile {
         DataFile { file: OnceLock::new(), creating: Mutex::new(()), dir, path }
     }
 
-    /// The open file, created now (with its directories) if it was not yet. Blocking.
+    /// The open file: if it was not yet, one from its directory's recycle pool moved into place
+    /// or, with none there, a new one (with its directories). Blocking.
     pub fn open(&self) -> std::io::Result<&Arc<File>> {
         if let Some(f) = self.file.get() {
             return Ok(f);
@@ -50,7 +51,10 @@ impl DataFile {
         if let Some(f) = self.file.get() {
             return Ok(f);
         }
-        let f = Arc::new(create_file(&self.path)?);
+        let f = match self.dir.take_recycled(&self.path) {
+            Some(f) => f,
+            None => Arc::new(create_file(&self.path)?),
+        };
         Ok(self.file.get_or_init(|| f))
     }
 
@@ -117,13 +121,11 @@ impl FileSource<FileRef> for Placement<'_> {
             return Err(self.storage.unavailable_reason());
         };
         let path = shuffle_dir(&dir, key).join(format!("{partition}-{number}.data"));
-        // A pooled file is renamed into place now; a new one is created by its first write (a
-        // failure there is a write error, which moves the partition on).
-        let file = match dir.take_recycled(&path) {
-            Some(file) => DataFile::opened(file, dir, path),
-            None => DataFile::to_create(dir, path),
-        };
-        Ok(Arc::new(file))
+        // Taken from the recycle pool or created by its first write, on a flusher thread (a
+        // failure there is a write error, which moves the partition on): a rename costs the file
+        // system as a new inode does, too much here, where a push or a commit holds the
+        // partition's lock on an async worker.
+        Ok(Arc::new(DataFile::to_create(dir, path)))
     }
 }
 

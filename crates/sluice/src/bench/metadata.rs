@@ -64,6 +64,10 @@ pub struct MetadataArgs {
     /// A server setting, `KEY=VALUE` (as `sluice server --set`); repeatable.
     #[arg(long = "server-set", value_name = "KEY=VALUE")]
     pub server_set: Vec<String>,
+    /// First run the same shuffle once and delete it, so that the measured shuffle's partition
+    /// files come from the server's recycle pool (what a second job on the server meets).
+    #[arg(long)]
+    pub reuse_files: bool,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -181,6 +185,13 @@ pub async fn run(args: MetadataArgs) -> anyhow::Result<()> {
     let server = &cluster.servers[0];
     let coordinator = &cluster.coordinator;
     let client = client_for(&cluster, "bench-metadata").await?;
+    if args.reuse_files {
+        let a = client.register_shuffle(1, args.maps, args.partitions, 1).await?;
+        push_all(&client, &a, &args, k).await?;
+        client.commit_shuffle(&a).await?;
+        client.unregister_shuffle(&a).await?;
+    }
+    let reused0 = metric(server, "sluice_server_recycled_files_reused_total");
     let server_rss0 = server.rss_bytes();
     let coordinator_rss0 = coordinator.rss_bytes();
 
@@ -213,6 +224,7 @@ pub async fn run(args: MetadataArgs) -> anyhow::Result<()> {
         server_rss.saturating_sub(server_rss0).saturating_sub(used).saturating_sub(pool);
     let server_metadata = metric(server, "sluice_server_metadata_bytes");
     let coordinator_bytes = coordinator.rss_bytes().saturating_sub(coordinator_rss0);
+    let reused = metric(server, "sluice_server_recycled_files_reused_total") - reused0;
 
     // The deletion: the shuffle unregistered (its files recycled or deleted) while other
     // clients ping the server back to back, each on a connection of its own (the server's
@@ -252,6 +264,7 @@ pub async fn run(args: MetadataArgs) -> anyhow::Result<()> {
         "push_seconds": push_s,
         "commit_seconds": commit_s,
         "read_seconds": read_s,
+        "files_reused": reused,
         "unregister_seconds": unregister_s,
         "ping_max_ms_during_unregister": ping_max * 1e3,
         "pings_during_unregister": pings,
