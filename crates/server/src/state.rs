@@ -492,26 +492,29 @@ impl ServerState {
     /// Forgets application `app_id` and deletes its data; done once its files are gone.
     async fn remove_app(&self, app_id: &str, why: &str) {
         if let Some(deleted) = self.apps.remove(app_id) {
-            tracing::info!(
-                app = app_id,
-                shuffles = deleted.len(),
-                "application {why}; deleting its data"
-            );
-            let mut files = Vec::with_capacity(deleted.len());
-            for mut d in deleted {
-                self.remove_objects(std::mem::take(&mut d.objects));
-                files.push(d);
-            }
-            let app = app_id.to_string();
-            self.on_blocking_pool(move |storage| {
-                for d in files {
-                    remove_shuffle_files(storage, d);
-                }
-                remove_app_dirs(storage, &app);
-            })
-            .await;
+            self.delete_app_data(app_id, deleted, why).await;
         }
         self.quotas.app_removed(app_id);
+    }
+
+    /// Deletes the data of application `app_id`, forgotten already (`deleted`: its shuffles').
+    async fn delete_app_data(&self, app_id: &str, mut deleted: Vec<Deleted<FileRef>>, why: &str) {
+        tracing::info!(
+            app = app_id,
+            shuffles = deleted.len(),
+            "application {why}; deleting its data"
+        );
+        for d in &mut deleted {
+            self.remove_objects(std::mem::take(&mut d.objects));
+        }
+        let app = app_id.to_string();
+        self.on_blocking_pool(move |storage| {
+            for d in deleted {
+                remove_shuffle_files(storage, d);
+            }
+            remove_app_dirs(storage, &app);
+        })
+        .await;
     }
 
     /// Deletes a deleted shuffle's files and objects; done once its files are gone.
@@ -921,9 +924,15 @@ impl ServerState {
     /// Expires applications whose heartbeats stopped.
     pub(crate) async fn expire_apps(&self) {
         let limit = Duration::from_millis(self.config.app_expiry_ms);
-        for id in self.apps.expired(Instant::now(), limit) {
+        // Every expired application forgotten first, then their files deleted: the next tick's
+        // call, which may start while these are deleted, finds none of them.
+        let expired: Vec<_> = (self.apps.expired(Instant::now(), limit).into_iter())
+            .filter_map(|id| Some((self.apps.remove(&id)?, id)))
+            .collect();
+        for (deleted, id) in expired {
             self.stats.apps_expired.fetch_add(1, Ordering::Relaxed);
-            self.remove_app(&id, "expired (no heartbeat)").await;
+            self.quotas.app_removed(&id);
+            self.delete_app_data(&id, deleted, "expired (no heartbeat)").await;
         }
     }
 
