@@ -489,12 +489,15 @@ impl ServerState {
         Response::msg(OkMsg {})
     }
 
-    /// Forgets application `app_id` and deletes its data; done once its files are gone.
+    /// Forgets application `app_id` and deletes its data; done once its files are gone. All
+    /// but the file work is done before the first wait: a request's future dropped meanwhile
+    /// (its connection gone) leaves the deletion running and nothing else undone.
     async fn remove_app(&self, app_id: &str, why: &str) {
-        if let Some(deleted) = self.apps.remove(app_id) {
+        let deleted = self.apps.remove(app_id);
+        self.quotas.app_removed(app_id);
+        if let Some(deleted) = deleted {
             self.delete_app_data(app_id, deleted, why).await;
         }
-        self.quotas.app_removed(app_id);
     }
 
     /// Deletes the data of application `app_id`, forgotten already (`deleted`: its shuffles').
@@ -554,10 +557,12 @@ impl ServerState {
     }
 
     async fn unregister_shuffle(&self, app_id: &str, shuffle_id: u32) -> Result<Response, Refusal> {
-        if let Some(d) = self.apps.unregister_shuffle(app_id, shuffle_id)? {
+        let deleted = self.apps.unregister_shuffle(app_id, shuffle_id)?;
+        // Before the wait, as in `remove_app`.
+        self.quotas.shuffle_deleted(app_id, shuffle_id);
+        if let Some(d) = deleted {
             self.remove_files(d).await;
         }
-        self.quotas.shuffle_deleted(app_id, shuffle_id);
         Ok(Response::msg(OkMsg {}))
     }
 
