@@ -13,7 +13,9 @@
 //! entry in the record is damaged, is lost: its readers get `DATA_LOST`); a shuffle without one
 //! was never committed and is deleted; a record that cannot be read at all makes the shuffle
 //! lost as a whole. Its application is then held as if just heard from: it expires like any
-//! other when no heartbeat follows (`app_expiry_ms`).
+//! other when no heartbeat follows (`app_expiry_ms`). An application directory that cannot be
+//! listed is left as it is, and its application held likewise, its shuffles not held lost to
+//! their readers (which of them the directory held is not known).
 //!
 //! **At a stop** (SIGTERM), once no uncommitted shuffle holds data, the open shuffles that hold
 //! nothing (a job's later stages, registered before they run) are *parked*: their pushes are
@@ -235,9 +237,15 @@ pub struct Recovered {
     pub shuffles: Vec<Shuffle<FileRef>>,
     /// Shuffles never committed, whose files were deleted.
     pub uncommitted: usize,
-    /// Partitions reported lost (damaged record entries, missing or short files), and shuffles
-    /// whose record could not be read at all.
+    /// Partitions reported lost (damaged record entries, missing or short files), shuffles
+    /// whose record could not be read at all, and application directories that could not be
+    /// listed.
     pub lost: usize,
+    /// Applications one of whose directories could not be listed, and why: which of their
+    /// shuffles it held is not known, so a reader of any shuffle of theirs not recovered is
+    /// told it is lost (`DATA_LOST`), not that it is unknown. Its files are left as they are
+    /// (a restart that can list the directory serves them again).
+    pub unlisted: Vec<(String, String)>,
 }
 
 /// A shuffle's directories found at start, one per data directory holding any of it.
@@ -247,6 +255,7 @@ type Places = Vec<(Arc<DataDir>, PathBuf)>;
 pub fn recover(storage: &Storage) -> Recovered {
     // (app directory, shuffle) → its directories, one per data directory holding any of it.
     let mut found: BTreeMap<(String, u32), Places> = BTreeMap::new();
+    let mut unlisted = Vec::new();
     for dir in storage.dirs().iter().filter(|d| !d.is_failed()) {
         for (app, app_path) in subdirs(&dir.path) {
             if app == RECYCLE_DIR || app.starts_with('.') {
@@ -256,7 +265,14 @@ pub fn recover(storage: &Storage) -> Recovered {
                 tracing::debug!(path = %app_path.display(), "not an application directory; left alone");
                 continue;
             }
-            for (shuffle, path) in subdirs(&app_path) {
+            let shuffles = match list_subdirs(&app_path) {
+                Ok(shuffles) => shuffles,
+                Err(e) => {
+                    unlisted.extend(unlisted_app(&dir.path, &app, &app_path, &e));
+                    continue;
+                }
+            };
+            for (shuffle, path) in shuffles {
                 match shuffle.parse::<u32>() {
                     Ok(id) => found.entry((app.clone(), id)).or_default().push((dir.clone(), path)),
                     Err(_) => tracing::warn!(path = %path.display(),
@@ -265,7 +281,7 @@ pub fn recover(storage: &Storage) -> Recovered {
             }
         }
     }
-    let mut out = Recovered::default();
+    let mut out = Recovered { lost: unlisted.len(), unlisted, ..Recovered::default() };
     for ((mut app, shuffle_id), mut places) in found {
         let mut records: Vec<Result<Decoded, String>> = Vec::new();
         for (_, path) in &places {
@@ -401,19 +417,39 @@ fn has_data_files(sdir: &Path) -> bool {
     })
 }
 
-/// The subdirectories of `path`, by name. One that cannot be listed (or an entry that cannot
-/// be read) is logged as an error: the shuffles under it are not recovered, and their readers
-/// will be told they are unknown.
+/// An application directory `app` (at `path`, on data directory `root`) that could not be
+/// listed: logged, and its application's id with why, when the id can be told (from the name,
+/// or for a shortened one from the note in it, which may still be readable).
+fn unlisted_app(root: &Path, app: &str, path: &Path, e: &io::Error) -> Option<(String, String)> {
+    let id = app_id_of_dir(app).or_else(|| noted_app_id([root], app));
+    match &id {
+        Some(id) => tracing::error!(path = %path.display(), app = %id, error = %e,
+            "cannot list an application directory at restart: its shuffles there are not \
+             recovered (their readers are told they are lost) and its files are left as they are"),
+        None => tracing::error!(path = %path.display(), error = %e,
+            "cannot list an application directory at restart, nor tell its application's id \
+             (a shortened name whose note cannot be read): its shuffles there are not \
+             recovered and its files are left as they are"),
+    }
+    Some((id?, format!("{} could not be listed at restart: {e}", path.display())))
+}
+
+/// The subdirectories of a data directory, by name. One that cannot be listed (or an entry
+/// that cannot be read) is logged as an error: the shuffles under it are not recovered, and
+/// their readers will be told they are unknown.
 fn subdirs(path: &Path) -> Vec<(String, PathBuf)> {
-    let entries = match std::fs::read_dir(path) {
-        Ok(entries) => entries,
-        Err(e) => {
-            tracing::error!(path = %path.display(), error = %e,
-                "cannot list a directory at restart: the shuffles under it are not recovered");
-            return Vec::new();
-        }
-    };
-    entries
+    list_subdirs(path).unwrap_or_else(|e| {
+        tracing::error!(path = %path.display(), error = %e,
+            "cannot list a directory at restart: the shuffles under it are not recovered");
+        Vec::new()
+    })
+}
+
+/// The subdirectories of `path`, by name; an entry that cannot be read is logged as an error
+/// (what it holds is not recovered).
+fn list_subdirs(path: &Path) -> io::Result<Vec<(String, PathBuf)>> {
+    let entries = std::fs::read_dir(path)?;
+    Ok(entries
         .filter_map(|e| match e {
             Ok(e) => Some(e),
             Err(err) => {
@@ -424,7 +460,7 @@ fn subdirs(path: &Path) -> Vec<(String, PathBuf)> {
         })
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
         .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
-        .collect()
+        .collect())
 }
 
 fn remove_tmp_records(sdir: &Path) {

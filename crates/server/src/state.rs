@@ -121,7 +121,7 @@ impl ServerState {
         let stats = Arc::new(Stats::default());
         let apps = Apps::default();
         let recovered = crate::durable::recover(&storage);
-        if !recovered.shuffles.is_empty() || recovered.uncommitted > 0 {
+        if !recovered.shuffles.is_empty() || recovered.uncommitted > 0 || recovered.lost > 0 {
             tracing::info!(
                 shuffles = recovered.shuffles.len(),
                 lost = recovered.lost,
@@ -134,6 +134,9 @@ impl ServerState {
         let now = Instant::now();
         for s in recovered.shuffles {
             apps.insert_recovered(s, now);
+        }
+        for (app_id, why) in &recovered.unlisted {
+            apps.insert_unlisted(app_id, why, now);
         }
         let flushing_bytes = Arc::new(AtomicU64::new(0));
         let flushes_done = Arc::new(Notify::new());
@@ -659,7 +662,7 @@ impl ServerState {
     }
 
     fn open_stream(&self, o: OpenStream, max_frame: u32) -> Result<Response, Refusal> {
-        let shuffle = self.apps.shuffle(&o.app_id, o.shuffle_id)?;
+        let shuffle = self.apps.shuffle_to_read(&o.app_id, o.shuffle_id)?;
         // Of each chunk, only the batches of the attempts read: other maps' (a map sub-range
         // read) and losing attempts' stay on disk.
         let body = |source: ChunkSource<'_, FileRef>, ranges: &[ByteRange]| match source {

@@ -96,6 +96,7 @@ impl Cluster {
                 metrics: true,
                 sets,
                 listen: None,
+                run_under: Vec::new(),
             };
             let mut server = launcher.server(&server)?;
             server.tls_ca = tls_ca.clone();

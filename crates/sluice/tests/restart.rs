@@ -319,6 +319,55 @@ async fn a_lost_shuffle_of_an_application_with_a_shortened_directory_name_is_los
     .await
 }
 
+/// The server's capabilities to read what permissions forbid, dropped (the tests run as root,
+/// which reads a directory of mode 000 anyway): run under this, it cannot list such a directory.
+const WITHOUT_DAC_CAPS: &[&str] = &[
+    "setpriv",
+    "--bounding-set=-dac_override,-dac_read_search",
+    "--inh-caps=-dac_override,-dac_read_search",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shuffle_under_an_application_directory_that_cannot_be_listed_is_lost_not_unknown() {
+    bounded("an_application_directory_that_cannot_be_listed", 90, async {
+        use std::os::unix::fs::PermissionsExt;
+        let (r, mut server) = Restartable::new(&["chunk_bytes=65536"]);
+        let c = client("unlisted-app", None);
+        let a = assignment(1, &[r.addr], PARTITIONS);
+        write_shuffle(&c, &a, true).await;
+        let before = read_all(&c, &a).await;
+        assert!(before.iter().all(|p| p.as_ref().is_ok_and(|v| !v.is_empty())), "{before:?}");
+        let app_dirs: Vec<_> =
+            r.dirs.iter().map(|d| d.join("unlisted-app")).filter(|d| d.is_dir()).collect();
+        assert!(!app_dirs.is_empty(), "no application directory");
+
+        // Every directory of the application unreadable, and a server that cannot read it
+        // anyway: the shuffle is not recovered, and its readers are told it is lost.
+        server.kill();
+        let mode = |d: &Path, m: u32| std::fs::set_permissions(d, PermissionsExt::from_mode(m));
+        for d in &app_dirs {
+            mode(d, 0o000).unwrap();
+        }
+        // SAFETY: geteuid(2) has no preconditions. Not root: the mode alone stops the server.
+        let root = unsafe { libc::geteuid() } == 0;
+        let mut server = r.start_under(if root { WITHOUT_DAC_CAPS } else { &[] });
+        let log = server.log_text();
+        assert!(log.contains("cannot list an application directory at restart"), "{log}");
+        assert!(metric(&server, "sluice_server_recovered_lost_total").await >= 1.0);
+        let got = read_all(&c, &a).await;
+        assert!(got.iter().all(|p| *p == Err(ErrorCode::DataLost)), "{got:?}");
+
+        // Nothing of it was deleted: readable again, a restart serves it whole.
+        server.kill();
+        for d in &app_dirs {
+            mode(d, 0o755).unwrap();
+        }
+        let _server = r.start();
+        assert_eq!(read_all(&c, &a).await, before, "not served whole once readable again");
+    })
+    .await
+}
+
 fn sigterm(p: &Proc) {
     // SAFETY: kill(2) on a child's pid.
     assert_eq!(unsafe { libc::kill(p.pid() as i32, libc::SIGTERM) }, 0);

@@ -58,7 +58,25 @@ impl Launcher {
 
     /// `sluice ARGS`, its log (when logging to files) named after `name`.
     pub fn spawn(&self, name: &str, args: &[String]) -> anyhow::Result<Proc> {
-        let mut command = Command::new(&self.exe);
+        self.spawn_under(&[], name, args)
+    }
+
+    /// [`Self::spawn`] run by `under` (a command and its arguments that runs the rest of its
+    /// command line in its place, as `setpriv …` does; empty: none).
+    pub fn spawn_under(
+        &self,
+        under: &[String],
+        name: &str,
+        args: &[String],
+    ) -> anyhow::Result<Proc> {
+        let mut command = match under.split_first() {
+            Some((run, its_args)) => {
+                let mut c = Command::new(run);
+                c.args(its_args).arg(&self.exe);
+                c
+            }
+            None => Command::new(&self.exe),
+        };
         let log = self.log_filter.as_ref().map(|filter| {
             command.env("RUST_LOG", filter);
             self.unique_path(name).with_extension("log")
@@ -95,7 +113,7 @@ impl Launcher {
             args.push("--data-dir".into());
             args.push(self.unique_path("data").display().to_string());
         }
-        self.spawn("server", &args)
+        self.spawn_under(&spec.run_under, "server", &args)
     }
 }
 
@@ -115,6 +133,8 @@ pub struct ServerSpec {
     pub sets: Vec<String>,
     /// `None`: a free port.
     pub listen: Option<SocketAddr>,
+    /// A command the server is run by (see [`Launcher::spawn_under`]); empty: none.
+    pub run_under: Vec<String>,
 }
 
 impl Default for ServerSpec {
@@ -126,6 +146,7 @@ impl Default for ServerSpec {
             metrics: false,
             sets: Vec::new(),
             listen: None,
+            run_under: Vec::new(),
         }
     }
 }

@@ -19,6 +19,15 @@ struct App<F> {
     /// When a request of the application last arrived (passed in: the core reads no clock).
     last_seen: Instant,
     shuffles: HashMap<u32, Arc<Shuffle<F>>>,
+    /// Why a directory of the application could not be listed at start (see
+    /// [`Apps::insert_unlisted`]).
+    unlisted: Option<Arc<str>>,
+}
+
+impl<F> App<F> {
+    fn new(now: Instant) -> App<F> {
+        App { last_seen: now, shuffles: HashMap::new(), unlisted: None }
+    }
 }
 
 /// A shuffle that was deleted: what its files were, for the shell to remove.
@@ -52,7 +61,7 @@ impl<F: Clone> Apps<F> {
         match apps.get_mut(app_id) {
             Some(a) => a.last_seen = now,
             None => {
-                apps.insert(app_id.to_owned(), App { last_seen: now, shuffles: HashMap::new() });
+                apps.insert(app_id.to_owned(), App::new(now));
             }
         }
     }
@@ -62,10 +71,18 @@ impl<F: Clone> Apps<F> {
     /// held stays.
     pub fn insert_recovered(&self, shuffle: Shuffle<F>, now: Instant) {
         let mut apps = self.apps.lock();
-        let app = apps
-            .entry(shuffle.key().app_id().to_owned())
-            .or_insert_with(|| App { last_seen: now, shuffles: HashMap::new() });
+        let app = apps.entry(shuffle.key().app_id().to_owned()).or_insert_with(|| App::new(now));
         app.shuffles.entry(shuffle.key().shuffle_id()).or_insert_with(|| Arc::new(shuffle));
+    }
+
+    /// Holds an application one of whose directories could not be listed at start (`why`),
+    /// as if heard from at `now`: which of its shuffles the directory held is not known, so a
+    /// reader of any of its shuffles not held is told the shuffle is lost
+    /// ([`Self::shuffle_to_read`]), not that it is unknown.
+    pub fn insert_unlisted(&self, app_id: &str, why: &str, now: Instant) {
+        let mut apps = self.apps.lock();
+        let app = apps.entry(app_id.to_owned()).or_insert_with(|| App::new(now));
+        app.unlisted.get_or_insert_with(|| why.into());
     }
 
     /// Registers a shuffle (and its application, if new). Registering it again with the same
@@ -78,9 +95,7 @@ impl<F: Clone> Apps<F> {
         now: Instant,
     ) -> Result<(), Refusal> {
         let mut apps = self.apps.lock();
-        let app = apps
-            .entry(r.app_id.clone())
-            .or_insert_with(|| App { last_seen: now, shuffles: HashMap::new() });
+        let app = apps.entry(r.app_id.clone()).or_insert_with(|| App::new(now));
         app.last_seen = now;
         match app.shuffles.get(&r.shuffle_id) {
             Some(s) => {
@@ -105,14 +120,37 @@ impl<F: Clone> Apps<F> {
 
     /// A registered shuffle.
     pub fn shuffle(&self, app_id: &str, shuffle_id: u32) -> Result<Arc<Shuffle<F>>, Refusal> {
+        self.lookup(app_id, shuffle_id, false)
+    }
+
+    /// A registered shuffle, for its readers: one not held, of an application a directory of
+    /// which could not be listed at start, is lost (it may have been there), not unknown.
+    pub fn shuffle_to_read(
+        &self,
+        app_id: &str,
+        shuffle_id: u32,
+    ) -> Result<Arc<Shuffle<F>>, Refusal> {
+        self.lookup(app_id, shuffle_id, true)
+    }
+
+    fn lookup(
+        &self,
+        app_id: &str,
+        shuffle_id: u32,
+        to_read: bool,
+    ) -> Result<Arc<Shuffle<F>>, Refusal> {
         let apps = self.apps.lock();
         let Some(app) = apps.get(app_id) else {
             let why = format!("application {app_id} is not registered");
             return Err(Refusal::new(ErrorCode::UnknownApp, why));
         };
-        match app.shuffles.get(&shuffle_id) {
-            Some(s) => Ok(s.clone()),
-            None => Err(Refusal::new(
+        match (app.shuffles.get(&shuffle_id), &app.unlisted) {
+            (Some(s), _) => Ok(s.clone()),
+            (None, Some(why)) if to_read => Err(Refusal::new(
+                ErrorCode::DataLost,
+                format!("shuffle {shuffle_id} of {app_id} is not held: {why}"),
+            )),
+            (None, _) => Err(Refusal::new(
                 ErrorCode::UnknownShuffle,
                 format!("shuffle {shuffle_id} of {app_id} is not registered"),
             )),
@@ -154,7 +192,11 @@ impl<F: Clone> Apps<F> {
     pub fn report(&self, now: Instant) -> Vec<AppReport> {
         let apps: Vec<(String, App<F>)> = {
             let apps = self.apps.lock();
-            let copy = |a: &App<F>| App { last_seen: a.last_seen, shuffles: a.shuffles.clone() };
+            let copy = |a: &App<F>| App {
+                last_seen: a.last_seen,
+                shuffles: a.shuffles.clone(),
+                unlisted: a.unlisted.clone(),
+            };
             apps.iter().map(|(id, a)| (id.clone(), copy(a))).collect()
         };
         // Partitions are locked one at a time, outside the map's lock.

@@ -207,6 +207,30 @@ fn a_deleted_shuffle_serves_nothing_and_hands_back_its_files() {
 }
 
 #[test]
+fn a_shuffle_not_held_of_an_application_unlisted_at_start_is_lost_to_its_readers_only() {
+    let apps: Apps<u32> = Apps::default();
+    let t0 = Instant::now();
+    apps.touch("other", t0);
+    apps.insert_unlisted("app", "/d1/app could not be listed at restart: denied", t0);
+    let read = apps.shuffle_to_read("app", 4).unwrap_err();
+    assert_eq!(read.code(), ErrorCode::DataLost);
+    assert!(read.to_string().contains("could not be listed"), "{read}");
+    // Pushes to it and other applications' shuffles are told what they were before.
+    assert_eq!(apps.shuffle("app", 4).unwrap_err().code(), ErrorCode::UnknownShuffle);
+    assert_eq!(apps.shuffle_to_read("other", 4).unwrap_err().code(), ErrorCode::UnknownShuffle);
+    assert_eq!(apps.shuffle_to_read("none", 4).unwrap_err().code(), ErrorCode::UnknownApp);
+    // A shuffle registered since is served as any other, and the application expires as any.
+    let mut r = RegisterShuffle { app_id: "app".into(), num_maps: 1, ..Default::default() };
+    (r.shuffle_id, r.num_partitions) = (5, 1);
+    apps.register_shuffle(&r, 1 << 20, 0, t0).unwrap();
+    assert!(apps.shuffle_to_read("app", 5).is_ok());
+    let later = t0 + Duration::from_secs(10);
+    let mut expired = apps.expired(later, Duration::from_secs(1));
+    expired.sort();
+    assert_eq!(expired, ["app", "other"]);
+}
+
+#[test]
 fn applications_expire_by_the_time_passed_in() {
     let apps: Apps<u32> = Apps::default();
     let t0 = Instant::now();

@@ -129,11 +129,17 @@ impl Restartable {
 
     /// (Re)starts the server, on its port once it has one.
     pub fn start(&self) -> Proc {
+        self.start_under(&[])
+    }
+
+    /// [`Self::start`], the server run by `under` (e.g. `setpriv …`).
+    pub fn start_under(&self, under: &[&str]) -> Proc {
         self.scratch.server(&ServerSpec {
             data_dirs: self.dirs.clone(),
             metrics: true,
             listen: (self.addr.port() != 0).then_some(self.addr),
             sets: self.sets.clone(),
+            run_under: under.iter().map(|s| s.to_string()).collect(),
             ..Default::default()
         })
     }

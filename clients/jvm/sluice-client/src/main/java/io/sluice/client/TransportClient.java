@@ -67,11 +67,20 @@ public final class TransportClient implements AutoCloseable {
     long sentNanos;
   }
 
+  /** The name of the handler that ends a connection's pipeline until this client's replaces it. */
+  static final String CONNECTING = "connecting";
+
   TransportClient(Channel channel, String peer, int requestTimeoutMs) {
     this.channel = channel;
     this.peer = peer;
     this.requestTimeoutMs = requestTimeoutMs;
-    channel.pipeline().addLast("client", new Handler());
+    Handler handler = new Handler();
+    try {
+      channel.pipeline().replace(CONNECTING, "client", handler);
+    } catch (java.util.NoSuchElementException none) {
+      // Not made by the factory, or its pipeline already taken down (the channel closed).
+      channel.pipeline().addLast("client", handler);
+    }
   }
 
   /** The connection's channel (for tests: its options). */

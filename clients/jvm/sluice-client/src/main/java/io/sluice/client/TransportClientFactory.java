@@ -6,6 +6,8 @@ import io.netty.buffer.ByteBufAllocator;
 import io.netty.channel.AdaptiveRecvByteBufAllocator;
 import io.netty.channel.Channel;
 import io.netty.channel.ChannelFuture;
+import io.netty.channel.ChannelHandlerContext;
+import io.netty.channel.ChannelInboundHandlerAdapter;
 import io.netty.channel.ChannelInitializer;
 import io.netty.channel.ChannelOption;
 import io.netty.channel.EventLoopGroup;
@@ -345,6 +347,10 @@ public final class TransportClientFactory implements AutoCloseable {
                   bodyBytesReadInPlace));
             }
             ch.pipeline().addLast("frameDecoder", decoder);
+            // Until the client's own handler takes its place: a failure while connecting (a
+            // refused certificate) closes the channel and is reported by connect(), instead
+            // of reaching the pipeline's end as Netty's "unhandled exception" warning.
+            ch.pipeline().addLast(TransportClient.CONNECTING, new Connecting(peer));
           }
         });
     keepalive(b);
@@ -380,6 +386,23 @@ public final class TransportClientFactory implements AutoCloseable {
     } catch (java.util.concurrent.ExecutionException e) {
       ch.close();
       throw SluiceException.of(e.getCause());
+    }
+  }
+
+  /** The last handler of a connection until its {@link TransportClient} replaces it. */
+  private static final class Connecting extends ChannelInboundHandlerAdapter {
+    private final String peer;
+
+    Connecting(String peer) {
+      this.peer = peer;
+    }
+
+    @Override
+    public void exceptionCaught(ChannelHandlerContext ctx, Throwable cause) {
+      // connect() throws the failure with its cause (the handshake's future holds it); the
+      // caller logs it, with what it does next.
+      LOG.debug("connection to {} failed while connecting: {}", peer, cause.toString());
+      ctx.close();
     }
   }
 

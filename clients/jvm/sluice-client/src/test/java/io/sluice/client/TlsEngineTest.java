@@ -105,6 +105,39 @@ class TlsEngineTest {
     }
   }
 
+  /** A refused certificate is one clear error to the caller, and nothing else: no exception
+   *  left to reach the end of Netty's pipeline (its "unhandled exception" warning with a stack
+   *  trace). In a child JVM, whose whole output is read once its event loops have stopped. */
+  @ParameterizedTest
+  @ValueSource(strings = {"jdk", "openssl"})
+  void aRefusedCertificateIsOneClearError(String engine) throws Exception {
+    try (FakeServer server = new FakeServer(0, serverTls())) {
+      Path java = Path.of(System.getProperty("java.home"), "bin", "java");
+      Process p = new ProcessBuilder(java.toString(), "-cp", System.getProperty("java.class.path"),
+          RefusedMain.class.getName(), otherPem.toString(), engine, String.valueOf(server.port))
+          .redirectErrorStream(true).start();
+      String out = new String(p.getInputStream().readAllBytes());
+      assertTrue(p.waitFor(60, TimeUnit.SECONDS), "child JVM hung");
+      assertEquals(0, p.exitValue(), out);
+      assertTrue(out.contains("REFUSED: ") && out.contains("TLS handshake"), out);
+      assertTrue(!out.contains("reached at the tail of the pipeline"), out);
+    }
+  }
+
+  /** Connects with a CA that did not sign the server's certificate; prints the error. */
+  public static final class RefusedMain {
+    public static void main(String[] args) {
+      try (TransportClientFactory f = new TransportClientFactory(tls(args[1], Path.of(args[0])),
+          "app-1")) {
+        f.getClient("127.0.0.1", Integer.parseInt(args[2])).callSync(Ping.INSTANCE);
+        System.out.println("CONNECTED");
+        System.exit(1);
+      } catch (SluiceException e) {
+        System.out.println("REFUSED: " + e.getMessage());
+      }
+    }
+  }
+
   @Test
   void anUnknownProviderIsRefused() {
     IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
