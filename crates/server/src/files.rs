@@ -22,8 +22,9 @@ use crate::storage::{create_file, DataDir, Storage};
 pub struct DataFile {
     /// The open file (chunk bodies are regions of it), once created or taken from the pool.
     file: OnceLock<Arc<File>>,
-    /// Held while the file is created, so that it is created once.
-    creating: Mutex<()>,
+    /// Held while the file is created, so that it is created once; `true` once its shuffle's
+    /// files are being removed ([`Self::retire`]): it is never created after that.
+    creating: Mutex<bool>,
     /// The directory it is on: a write error there takes the directory out of service.
     pub dir: Arc<DataDir>,
     /// Where it is (it moves to the recycle pool when its shuffle is deleted).
@@ -33,12 +34,12 @@ pub struct DataFile {
 impl DataFile {
     /// A file that exists and is open.
     pub fn opened(file: Arc<File>, dir: Arc<DataDir>, path: PathBuf) -> DataFile {
-        DataFile { file: OnceLock::from(file), creating: Mutex::new(()), dir, path }
+        DataFile { file: OnceLock::from(file), creating: Mutex::new(false), dir, path }
     }
 
     /// A file to be made at `path` by the first write ([`Self::open`]).
     pub fn to_create(dir: Arc<DataDir>, path: PathBuf) -> DataFile {
-        DataFile { file: OnceLock::new(), creating: Mutex::new(()), dir, path }
+        DataFile { file: OnceLock::new(), creating: Mutex::new(false), dir, path }
     }
 
     /// The open file: if it was not yet, one from its directory's recycle pool moved into place
@@ -47,9 +48,13 @@ impl DataFile {
         if let Some(f) = self.file.get() {
             return Ok(f);
         }
-        let _creating = self.creating.lock();
+        let retired = self.creating.lock();
         if let Some(f) = self.file.get() {
             return Ok(f);
+        }
+        if *retired {
+            let why = format!("{}: its shuffle was deleted", self.path.display());
+            return Err(std::io::Error::new(std::io::ErrorKind::NotFound, why));
         }
         let f = match self.dir.take_recycled(&self.path) {
             Some(f) => f,
@@ -60,6 +65,15 @@ impl DataFile {
 
     /// The open file, if it was created (every file a chunk was written to was).
     pub fn file(&self) -> Option<&Arc<File>> {
+        self.file.get()
+    }
+
+    /// Its shuffle's files are being removed: it is never created from now on (a flush of the
+    /// deleted shuffle that comes later would make it, and its directories, again under the
+    /// removal); the open file, if it was created (one being created is waited for).
+    pub fn retire(&self) -> Option<&Arc<File>> {
+        let mut retired = self.creating.lock();
+        *retired = true;
         self.file.get()
     }
 }
@@ -330,7 +344,7 @@ pub fn remove_shuffle_files(storage: &Storage, deleted: Deleted<FileRef>) {
     for f in deleted.files {
         // The pool hands a file out only once nobody else holds it (an in-flight flush plan, a
         // stream's chunk bodies), whatever else holds `f` now.
-        if let Some(file) = f.file() {
+        if let Some(file) = f.retire() {
             f.dir.recycle(file.clone(), &f.path);
         }
     }
@@ -394,6 +408,22 @@ mod tests {
         assert_eq!(app_id_of_dir(&na), None);
         let plain = "y".repeat(NAME_KEEP_MAX);
         assert_eq!(app_dir_name(&plain), plain, "up to the bound a name is kept whole");
+    }
+
+    #[test]
+    fn a_retired_file_is_never_created() {
+        let root = tempfile::tempdir().unwrap();
+        let storage = crate::storage::Storage::open(&[root.path().to_path_buf()], 0, 0);
+        let dir = storage.dirs()[0].clone();
+        let made = DataFile::to_create(dir.clone(), root.path().join("app/1/0-0.data"));
+        made.open().unwrap();
+        assert!(made.retire().is_some(), "a created file is handed back for the pool");
+        let never = DataFile::to_create(dir.clone(), root.path().join("app/2/0-0.data"));
+        assert!(never.retire().is_none());
+        let e = never.open().unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
+        assert!(!root.path().join("app/2").exists(), "its directory made again");
+        assert!(!dir.is_failed());
     }
 
     #[test]

@@ -137,6 +137,11 @@ fn run_job(storage: &Storage, job: FlushJob, how: WriteHow, on_done: &OnFlushed)
             }
             Err(e) => e,
         };
+        // Deleted meanwhile (its files retired, its directory being removed): nothing to keep,
+        // and no failure of the directory's.
+        if shuffle.is_deleted() {
+            break FlushOutcome::Dropped;
+        }
         // A full disk gives back its recycled files first; then the same write again.
         if is_nospc(&e) && plan.file().dir.drain_pool() > 0 {
             continue;

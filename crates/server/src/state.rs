@@ -56,6 +56,9 @@ pub enum Admit {
 
 /// A stream not fetched from for this long is dropped (its reader is gone).
 const STREAM_IDLE: Duration = Duration::from_secs(600);
+/// How long a registration or an unregistration waits for a deleted shuffle's files to be
+/// removed (a big shuffle's take a fraction of a second; a disk that hangs, longer).
+const DELETION_WAIT: Duration = Duration::from_secs(30);
 
 /// What a stream sends of one chunk: regions of a local file (sent with `sendfile`), or byte
 /// ranges of an object, read from the object store when the chunk is fetched.
@@ -302,17 +305,7 @@ impl ServerState {
                 self.remove_app(&r.app_id, "unregistered").await;
                 Ok(Response::msg(OkMsg {}))
             }
-            Message::RegisterShuffle(r) => self
-                .check_shuffle_sizes(&r)
-                .and_then(|()| {
-                    self.apps.register_shuffle(
-                        &r,
-                        self.config.chunk_bytes,
-                        self.config.split_threshold_bytes,
-                        Instant::now(),
-                    )
-                })
-                .map(|()| Response::msg(OkMsg {})),
+            Message::RegisterShuffle(r) => self.register_shuffle(&r).await,
             Message::UnregisterShuffle(r) => self.unregister_shuffle(&r.app_id, r.shuffle_id).await,
             Message::CommitShuffle(c) => self.commit(&c.app_id, c.shuffle_id).await,
             Message::OpenStream(o) => self.open_stream(o, max_frame),
@@ -498,8 +491,36 @@ impl ServerState {
     async fn remove_app(&self, app_id: &str, why: &str) {
         let deleted = self.apps.remove(app_id);
         self.quotas.app_removed(app_id);
-        if let Some(deleted) = deleted {
-            self.delete_app_data(app_id, deleted, why).await;
+        match deleted {
+            Some(deleted) => self.delete_app_data(app_id, deleted, why).await,
+            // Removed by another request whose deletion is still running: done once it is.
+            None => self.deletion_done(app_id, None).await,
+        }
+    }
+
+    /// Registers a shuffle; one whose key was deleted and whose files are still being removed
+    /// (an application that unregistered a shuffle and registers the same id again) waits for
+    /// that first, so that the removal never takes the new shuffle's files.
+    async fn register_shuffle(&self, r: &RegisterShuffle) -> Result<Response, Refusal> {
+        self.check_shuffle_sizes(r)?;
+        self.deletion_done(&r.app_id, Some(r.shuffle_id)).await;
+        let (chunk, split) = (self.config.chunk_bytes, self.config.split_threshold_bytes);
+        self.apps.register_shuffle(r, chunk, split, Instant::now())?;
+        Ok(Response::msg(OkMsg {}))
+    }
+
+    /// Waits (a bounded time: a deletion that long is logged and not waited for further) until
+    /// no deleted shuffle of `app_id` — shuffle `shuffle_id`, or with `None` any — is still
+    /// having its files removed.
+    async fn deletion_done(&self, app_id: &str, shuffle_id: Option<u32>) {
+        let deadline = Instant::now() + DELETION_WAIT;
+        while self.apps.is_deleting(app_id, shuffle_id) {
+            if Instant::now() >= deadline {
+                tracing::warn!(app = app_id, shuffle = ?shuffle_id,
+                    "a deleted shuffle's files are still being removed; not waiting longer");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
@@ -563,8 +584,10 @@ impl ServerState {
         let deleted = self.apps.unregister_shuffle(app_id, shuffle_id)?;
         // Before the wait, as in `remove_app`.
         self.quotas.shuffle_deleted(app_id, shuffle_id);
-        if let Some(d) = deleted {
-            self.remove_files(d).await;
+        match deleted {
+            Some(d) => self.remove_files(d).await,
+            // Unregistered by another request whose deletion is still running (a retry).
+            None => self.deletion_done(app_id, Some(shuffle_id)).await,
         }
         Ok(Response::msg(OkMsg {}))
     }
@@ -934,8 +957,10 @@ impl ServerState {
         let limit = Duration::from_millis(self.config.app_expiry_ms);
         // Every expired application forgotten first, then their files deleted: the next tick's
         // call, which may start while these are deleted, finds none of them.
-        let expired: Vec<_> = (self.apps.expired(Instant::now(), limit).into_iter())
-            .filter_map(|id| Some((self.apps.remove(&id)?, id)))
+        // Each checked again as it is removed: one heard from meanwhile stays.
+        let now = Instant::now();
+        let expired: Vec<_> = (self.apps.expired(now, limit).into_iter())
+            .filter_map(|id| Some((self.apps.remove_expired(&id, now, limit)?, id)))
             .collect();
         for (deleted, id) in expired {
             self.stats.apps_expired.fetch_add(1, Ordering::Relaxed);

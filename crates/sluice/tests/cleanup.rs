@@ -170,6 +170,64 @@ async fn unregister_shuffle_then_app_deletes_files() {
     .await
 }
 
+/// A shuffle registered again with the same id while its 1,000 files are being removed after
+/// its unregistration: the registration is answered once they are gone, not refused, and the
+/// new shuffle's files are its own, whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shuffle_registered_again_while_its_files_are_deleted_keeps_its_data() {
+    bounded("a_shuffle_registered_again_while_its_files_are_deleted", 60, async {
+        const WIDE: u32 = 1000;
+        let scratch = Scratch::new();
+        let data = scratch.path().join("data");
+        let server =
+            scratch.server(&ServerSpec { data_dirs: vec![data.clone()], ..Default::default() });
+        let client = client("again", None);
+        let a = assignment(1, &[server.addr], WIDE);
+        let write = |generation: u32| {
+            let (client, a) = (client.clone(), a.clone());
+            async move {
+                let mut w = client.writer(a.clone(), 0, 0).await.unwrap();
+                for p in 0..WIDE {
+                    w.write_record(p, &record(0, 0, generation * WIDE + p, 200)).await.unwrap();
+                }
+                w.finish().await.unwrap();
+                client.commit_shuffle(&a).await.unwrap();
+            }
+        };
+        register_direct(&client, &a, 1).await.unwrap();
+        write(0).await;
+        let dir = data.join("again").join("1");
+        assert_eq!(data_files(&dir).len(), WIDE as usize);
+
+        // The unregistration on one connection; on another, once the shuffle has left the
+        // server's map (its files are removed after that), the registration.
+        let (c1, c2) = (raw(server.addr).await, raw(server.addr).await);
+        let unregistering = tokio::spawn(async move {
+            call(&c1, UnregisterShuffle { app_id: "again".into(), shuffle_id: 1 }).await
+        });
+        while call(&c2, open("again", 1)).await.err() != Some(ErrorCode::UnknownShuffle) {
+            tokio::task::yield_now().await;
+        }
+        let reg = RegisterShuffle {
+            app_id: "again".into(),
+            shuffle_id: 1,
+            num_maps: 1,
+            num_partitions: WIDE,
+            replication: 1,
+        };
+        call(&c2, reg).await.expect("registered again while the old files were removed");
+        unregistering.await.unwrap().expect("unregistered");
+        write(1).await;
+        assert_eq!(data_files(&dir).len(), WIDE as usize, "files lost or left");
+        for p in (0..WIDE).step_by(97) {
+            let got = read_partition(&client, &a, p, 0, 1).await.expect("readable").records;
+            let ids: Vec<u32> = got.iter().map(|(id, _)| id.seq).collect();
+            assert_eq!(ids, [WIDE + p], "partition {p}");
+        }
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unregister_during_pushes_leaves_no_files() {
     bounded("unregister_during_pushes_leaves_no_files", 30, async {

@@ -1,6 +1,6 @@
 //! The applications a server holds shuffles of, and when each was last heard from.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,13 +22,18 @@ struct App<F> {
     /// Why a directory of the application could not be listed at start (see
     /// [`Apps::insert_unlisted`]).
     unlisted: Option<Arc<str>>,
+    /// Shuffles of an unlisted application unregistered since the start: unknown, not lost.
+    gone: HashSet<u32>,
 }
 
 impl<F> App<F> {
     fn new(now: Instant) -> App<F> {
-        App { last_seen: now, shuffles: HashMap::new(), unlisted: None }
+        App { last_seen: now, shuffles: HashMap::new(), unlisted: None, gone: HashSet::new() }
     }
 }
+
+/// Shuffles whose files are being deleted (see [`Deleted`]).
+type Deleting = Arc<Mutex<HashSet<ShuffleKey>>>;
 
 /// A shuffle that was deleted: what its files were, for the shell to remove.
 #[derive(Debug)]
@@ -39,6 +44,23 @@ pub struct Deleted<F> {
     pub files: Vec<F>,
     /// Keys of the objects in the object store that held its offloaded partitions.
     pub objects: Vec<String>,
+    /// Until this is dropped (with the rest, once the shell has removed the files), the
+    /// shuffle counts as being deleted: registering its key again is refused
+    /// ([`Apps::is_deleting`]), so that a new shuffle's files never meet the old one's removal.
+    _deleting: DeletingMark,
+}
+
+/// Holds a deleted shuffle's key among those being deleted; dropping it ends that.
+#[derive(Debug)]
+pub struct DeletingMark {
+    key: ShuffleKey,
+    set: Deleting,
+}
+
+impl Drop for DeletingMark {
+    fn drop(&mut self) {
+        self.set.lock().remove(&self.key);
+    }
 }
 
 /// Every application and its shuffles. One lock for the map: a lookup per request, held for a
@@ -46,11 +68,14 @@ pub struct Deleted<F> {
 #[derive(Debug)]
 pub struct Apps<F> {
     apps: Mutex<HashMap<String, App<F>>>,
+    /// Keys of deleted shuffles whose files are still being removed; taken inside `apps`'s
+    /// lock where both are (a key enters it as its shuffle leaves the map).
+    deleting: Deleting,
 }
 
 impl<F> Default for Apps<F> {
     fn default() -> Self {
-        Apps { apps: Mutex::new(HashMap::new()) }
+        Apps { apps: Mutex::new(HashMap::new()), deleting: Arc::default() }
     }
 }
 
@@ -95,8 +120,14 @@ impl<F: Clone> Apps<F> {
         now: Instant,
     ) -> Result<(), Refusal> {
         let mut apps = self.apps.lock();
+        let key = ShuffleKey::new(&r.app_id, r.shuffle_id);
+        if self.deleting.lock().contains(&key) {
+            let why = format!("{key} was deleted and its files are still being removed");
+            return Err(Refusal::new(ErrorCode::Internal, why));
+        }
         let app = apps.entry(r.app_id.clone()).or_insert_with(|| App::new(now));
         app.last_seen = now;
+        app.gone.remove(&r.shuffle_id);
         match app.shuffles.get(&r.shuffle_id) {
             Some(s) => {
                 s.check_not_lost()?;
@@ -109,7 +140,6 @@ impl<F: Clone> Apps<F> {
                 Ok(())
             }
             None => {
-                let key = ShuffleKey::new(&r.app_id, r.shuffle_id);
                 let s = Shuffle::new(key, r.num_maps, r.num_partitions, chunk_bytes)
                     .with_split_bytes(split_bytes);
                 app.shuffles.insert(r.shuffle_id, Arc::new(s));
@@ -146,7 +176,7 @@ impl<F: Clone> Apps<F> {
         };
         match (app.shuffles.get(&shuffle_id), &app.unlisted) {
             (Some(s), _) => Ok(s.clone()),
-            (None, Some(why)) if to_read => Err(Refusal::new(
+            (None, Some(why)) if to_read && !app.gone.contains(&shuffle_id) => Err(Refusal::new(
                 ErrorCode::DataLost,
                 format!("shuffle {shuffle_id} of {app_id} is not held: {why}"),
             )),
@@ -169,16 +199,58 @@ impl<F: Clone> Apps<F> {
                 let why = format!("application {app_id} is not registered");
                 return Err(Refusal::new(ErrorCode::UnknownApp, why));
             };
-            app.shuffles.remove(&shuffle_id)
+            if app.unlisted.is_some() {
+                app.gone.insert(shuffle_id);
+            }
+            app.shuffles.remove(&shuffle_id).map(|s| (self.mark_deleting(&s), s))
         };
-        Ok(removed.map(|s| delete(&s)))
+        Ok(removed.map(|(mark, s)| delete(&s, mark)))
     }
 
     /// Removes an application and deletes its shuffles (`None`: it was not registered). The
     /// deletions run outside the map's lock.
     pub fn remove(&self, app_id: &str) -> Option<Vec<Deleted<F>>> {
-        let app = self.apps.lock().remove(app_id)?;
-        Some(app.shuffles.values().map(|s| delete(s)).collect())
+        self.remove_if(app_id, |_| true)
+    }
+
+    /// [`Self::remove`] if the application is still expired at `now` (not heard from for more
+    /// than `limit`): one heard from since [`Self::expired`] named it stays.
+    pub fn remove_expired(
+        &self,
+        app_id: &str,
+        now: Instant,
+        limit: Duration,
+    ) -> Option<Vec<Deleted<F>>> {
+        self.remove_if(app_id, |a| now.saturating_duration_since(a.last_seen) > limit)
+    }
+
+    fn remove_if(&self, app_id: &str, cond: impl Fn(&App<F>) -> bool) -> Option<Vec<Deleted<F>>> {
+        let marked: Vec<_> = {
+            let mut apps = self.apps.lock();
+            if !cond(apps.get(app_id)?) {
+                return None;
+            }
+            let app = apps.remove(app_id)?;
+            app.shuffles.into_values().map(|s| (self.mark_deleting(&s), s)).collect()
+        };
+        Some(marked.into_iter().map(|(mark, s)| delete(&s, mark)).collect())
+    }
+
+    /// Counts `s` as being deleted until the mark is dropped; called inside the map's lock, as
+    /// `s` leaves it.
+    fn mark_deleting(&self, s: &Shuffle<F>) -> DeletingMark {
+        self.deleting.lock().insert(s.key().clone());
+        DeletingMark { key: s.key().clone(), set: self.deleting.clone() }
+    }
+
+    /// Whether shuffle `shuffle_id` of `app_id` (or, with `None`, any shuffle of it) was
+    /// deleted and its files are still being removed.
+    pub fn is_deleting(&self, app_id: &str, shuffle_id: Option<u32>) -> bool {
+        let deleting = self.deleting.lock();
+        match shuffle_id {
+            Some(id) => deleting.contains(&ShuffleKey::new(app_id, id)),
+            None => deleting.iter().any(|k| k.app_id() == app_id),
+        }
     }
 
     /// The applications not heard from for more than `limit` before `now`.
@@ -196,6 +268,7 @@ impl<F: Clone> Apps<F> {
                 last_seen: a.last_seen,
                 shuffles: a.shuffles.clone(),
                 unlisted: a.unlisted.clone(),
+                gone: HashSet::new(),
             };
             apps.iter().map(|(id, a)| (id.clone(), copy(a))).collect()
         };
@@ -243,7 +316,7 @@ impl<F: Clone> Apps<F> {
     }
 }
 
-fn delete<F: Clone>(s: &Shuffle<F>) -> Deleted<F> {
+fn delete<F: Clone>(s: &Shuffle<F>, deleting: DeletingMark) -> Deleted<F> {
     let (files, objects) = s.delete();
-    Deleted { key: s.key().clone(), files, objects }
+    Deleted { key: s.key().clone(), files, objects, _deleting: deleting }
 }

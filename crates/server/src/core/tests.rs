@@ -224,10 +224,55 @@ fn a_shuffle_not_held_of_an_application_unlisted_at_start_is_lost_to_its_readers
     (r.shuffle_id, r.num_partitions) = (5, 1);
     apps.register_shuffle(&r, 1 << 20, 0, t0).unwrap();
     assert!(apps.shuffle_to_read("app", 5).is_ok());
+    // Unregistered since the start, it is unknown to its readers like any other.
+    drop(apps.unregister_shuffle("app", 5).unwrap().unwrap());
+    assert_eq!(apps.shuffle_to_read("app", 5).unwrap_err().code(), ErrorCode::UnknownShuffle);
+    assert_eq!(apps.shuffle_to_read("app", 4).unwrap_err().code(), ErrorCode::DataLost);
     let later = t0 + Duration::from_secs(10);
     let mut expired = apps.expired(later, Duration::from_secs(1));
     expired.sort();
     assert_eq!(expired, ["app", "other"]);
+}
+
+#[test]
+fn a_deleted_shuffle_cannot_be_registered_again_until_its_files_are_removed() {
+    let apps: Apps<u32> = Apps::default();
+    let t0 = Instant::now();
+    register(&apps, "app", 1, 1 << 20, t0);
+    let deleted = apps.unregister_shuffle("app", 1).unwrap().unwrap();
+    assert!(apps.is_deleting("app", Some(1)) && apps.is_deleting("app", None));
+    assert!(!apps.is_deleting("app", Some(2)) && !apps.is_deleting("other", None));
+    let r = RegisterShuffle { app_id: "app".into(), shuffle_id: 1, ..Default::default() };
+    let refused = apps.register_shuffle(&r, 1 << 20, 0, t0).unwrap_err();
+    assert!(refused.code().is_retriable(), "{refused}");
+    assert!(apps.unregister_shuffle("app", 1).unwrap().is_none());
+    // The shell dropped it once the files were gone: the key is free again.
+    drop(deleted);
+    assert!(!apps.is_deleting("app", None));
+    register(&apps, "app", 1, 1 << 20, t0);
+
+    // The same for an application's shuffles, until each one's files are removed.
+    let all = apps.remove("app").unwrap();
+    assert!(apps.is_deleting("app", Some(1)));
+    assert!(apps.register_shuffle(&r, 1 << 20, 0, t0).is_err());
+    drop(all);
+    assert!(apps
+        .register_shuffle(&RegisterShuffle { num_maps: 1, num_partitions: 1, ..r }, 1 << 20, 0, t0)
+        .is_ok());
+}
+
+#[test]
+fn an_application_heard_from_after_it_was_found_expired_is_not_removed() {
+    let apps: Apps<u32> = Apps::default();
+    let t0 = Instant::now();
+    apps.touch("a", t0);
+    let (now, limit) = (t0 + Duration::from_secs(5), Duration::from_secs(1));
+    assert_eq!(apps.expired(now, limit), ["a"]);
+    apps.touch("a", now); // a heartbeat between the finding and the removal
+    assert!(apps.remove_expired("a", now, limit).is_none());
+    assert!(apps.shuffle("a", 1).is_err_and(|r| r.code() == ErrorCode::UnknownShuffle));
+    let later = now + Duration::from_secs(5);
+    assert!(apps.remove_expired("a", later, limit).is_some_and(|d| d.is_empty()));
 }
 
 #[test]
