@@ -74,10 +74,20 @@ pub fn persist(
     // Dropping a staged record unpublished deletes it.
     let staged = staged?;
     synced?;
+    let sdirs: Vec<PathBuf> = staged.iter().map(|s| s.sdir.clone()).collect();
     for s in staged {
         match s.publish() {
             Err(_) if deleted() => {} // deleted meanwhile, its directory with it
             done => done?,
+        }
+    }
+    if deleted() {
+        // Deleted while its record was published: the deletion may have removed the directory
+        // before the record was in it. The record goes, and its directory if nothing else is
+        // in it (never more: a shuffle registered again with the id may be using it).
+        for sdir in sdirs {
+            let _ = std::fs::remove_file(sdir.join(INDEX_FILE));
+            let _ = std::fs::remove_dir(&sdir);
         }
     }
     Ok(record)
@@ -138,16 +148,20 @@ fn stage_record(
     let mut staged = Vec::new();
     for (dir, has_files) in dirs {
         let sdir = shuffle_dir(&dir, key);
-        if has_files && !sdir.is_dir() {
-            if deleted() {
-                continue; // deleted meanwhile: leave nothing behind
-            }
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("{}: the shuffle's directory is gone, with its files", sdir.display()),
-            ));
+        if deleted() {
+            continue; // deleted meanwhile: leave nothing behind
         }
-        std::fs::create_dir_all(&sdir).map_err(|e| context(e, &sdir))?;
+        if has_files {
+            // Made with its files; never made again here (the deletion may be removing it).
+            if !sdir.is_dir() {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("{}: the shuffle's directory is gone, with its files", sdir.display()),
+                ));
+            }
+        } else {
+            std::fs::create_dir_all(&sdir).map_err(|e| context(e, &sdir))?;
+        }
         note_app_id(&dir.path, key.app_id());
         staged.push(StagedRecord::write(sdir, record)?);
     }
@@ -537,6 +551,28 @@ fn open_partition_file(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_commit_of_a_shuffle_deleted_meanwhile_leaves_nothing_behind() {
+        let root = tempfile::tempdir().unwrap();
+        let storage = Storage::open(&[root.path().to_path_buf()], 0, 0);
+        let key = ShuffleKey::new("app", 7);
+        let sdir = shuffle_dir(&storage.dirs()[0], &key);
+        // Deleted before the record is staged: no directory is made for it.
+        persist(&storage, &key, || b"record".to_vec(), &[], || true).unwrap();
+        assert!(!sdir.exists(), "a deleted shuffle's directory made again");
+        // Deleted once the record is published: the record goes, and its empty directory.
+        let calls = std::cell::Cell::new(0);
+        let deleted_after_staging = || {
+            calls.set(calls.get() + 1);
+            calls.get() > 1
+        };
+        persist(&storage, &key, || b"record".to_vec(), &[], deleted_after_staging).unwrap();
+        assert!(!sdir.exists(), "a deleted shuffle's record left behind");
+        // Not deleted: the record stays.
+        persist(&storage, &key, || b"record".to_vec(), &[], || false).unwrap();
+        assert_eq!(std::fs::read(sdir.join(INDEX_FILE)).unwrap(), b"record");
+    }
 
     #[test]
     fn a_rewritten_record_replaces_every_copy_and_needs_one() {
