@@ -369,8 +369,28 @@ impl Quotas {
 
     /// Counts `bytes` of shuffle `shuffle_id` of `app_id` accepted (stored, or on their way):
     /// keeps what `held` counted since the push's admission, or counts them now.
+    #[cfg(test)]
     pub fn accepted(&self, app_id: &str, shuffle_id: u32, bytes: u64, held: Option<DiskHold>) {
+        self.accepted_unless_deleted(app_id, shuffle_id, bytes, held, || false);
+    }
+
+    /// [`Self::accepted`], unless `deleted` says (asked under the quotas' lock) that the
+    /// shuffle was deleted meanwhile: a shuffle is marked deleted before its bytes are
+    /// uncounted ([`Self::shuffle_deleted`], [`Self::app_removed`]), so bytes stored just
+    /// before its deletion are either counted before they are uncounted with it or not counted
+    /// at all — never left counted for a shuffle (or an application) that is gone.
+    pub fn accepted_unless_deleted(
+        &self,
+        app_id: &str,
+        shuffle_id: u32,
+        bytes: u64,
+        held: Option<DiskHold>,
+        deleted: impl FnOnce() -> bool,
+    ) {
         let mut s = self.state.lock();
+        if deleted() {
+            return; // `held` is dropped: what it counted is uncounted
+        }
         let charge = Self::charge_of(&mut s, app_id);
         if let Some(a) = s.apps.get_mut(app_id) {
             a.shuffles.entry(shuffle_id).or_default()[0] += bytes;
@@ -541,6 +561,26 @@ mod tests {
         let refusals = q.refusals();
         assert!(refusals.contains(&("app.buffered_bytes".into(), 1)), "{refusals:?}");
         assert!(refusals.contains(&("app.disk_bytes".into(), 1)), "{refusals:?}");
+    }
+
+    #[test]
+    fn bytes_stored_as_their_shuffle_is_deleted_are_not_left_counted() {
+        let q = Quotas::new(QuotaConfig { app: limits(0, 1000, 0), ..Default::default() });
+        q.set_user("a", "alice");
+        q.set_user("b", "alice"); // alice's count outlives application a
+        let (_, held) = q.admit("a", 10, 600).unwrap();
+        // The application removed between the push's admission and its bytes' acceptance.
+        q.app_removed("a");
+        q.accepted_unless_deleted("a", 1, 600, Some(held), || true);
+        assert_eq!(q.user_usage("alice").unwrap().get(Kind::Disk), 0, "left counted");
+        assert!(q.app_usage("a").is_none_or(|u| u.get(Kind::Disk) == 0));
+        // Accepted before the shuffle's deletion: counted, then uncounted with it.
+        let (_, held) = q.admit("a", 10, 600).unwrap();
+        q.accepted_unless_deleted("a", 2, 600, Some(held), || false);
+        assert_eq!(q.app_usage("a").unwrap().get(Kind::Disk), 600);
+        q.shuffle_deleted("a", 2);
+        assert_eq!(q.app_usage("a").unwrap().get(Kind::Disk), 0);
+        assert!(q.admit("a", 10, 1000).is_ok(), "nothing left counted against the quota");
     }
 
     #[test]

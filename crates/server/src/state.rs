@@ -355,7 +355,8 @@ impl ServerState {
             }
         }
         pushed.result?;
-        self.quotas.accepted(app_id, shuffle_id, body.len() as u64, disk);
+        let deleted = || shuffle.is_deleted();
+        self.quotas.accepted_unless_deleted(app_id, shuffle_id, body.len() as u64, disk, deleted);
         self.stats.push_requests.fetch_add(1, Ordering::Relaxed);
         self.stats.pushed_bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
         if self.budget.pressure() != Pressure::Normal {
