@@ -20,6 +20,7 @@ built-in shuffle's and count every row (--no-verify skips it).
 Usage: bench/spark/scale.sh [--points 1:200:200,1:2000:200,...] [--runs 3] [--celeborn]
            [--max-load 1.5] [--load-wait 120] [--json out.json] [--no-verify]
            [--modes sluice --no-verify]   (one mode alone: A/B of Sluice settings, say)
+           [--server-set host_local_reads=true]   (Sluice's servers with a setting, repeatable)
 The default points are the issue's series (1, 4, 8 GiB; 200, 2,000, 10,000 partitions; up to
 2,000 maps); on a 2-core machine the 8 GiB points take tens of minutes per application.
 """
@@ -163,7 +164,7 @@ def run_point(args, point, spark, work, modes):
     pdir.mkdir()
     sluice = conftest.SluiceCluster(Path(os.environ.get("SLUICE_BIN",
                                                         ROOT / "target/release/sluice")),
-                                    pdir, servers=2)
+                                    pdir, servers=2, server_sets=args.server_set)
     celeborn = None
     samplers = {}
     runs = []
@@ -286,8 +287,8 @@ def orchestrate(args):
         spark.stop()
         report(summaries, modes) if summaries else None
         if args.json:
-            Path(args.json).write_text(json.dumps({"summaries": summaries, "runs": all_runs},
-                                                  indent=1))
+            Path(args.json).write_text(json.dumps({"summaries": summaries, "runs": all_runs,
+                                                   "server_sets": args.server_set}, indent=1))
 
 
 def main():
@@ -300,6 +301,8 @@ def main():
     ap.add_argument("--max-load", type=float, default=1.5, help="1-min load to wait for")
     ap.add_argument("--load-wait", type=float, default=120, help="longest wait for it, s")
     ap.add_argument("--run-timeout", type=float, default=3600, help="one application, s")
+    ap.add_argument("--server-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Sluice server setting (--set), e.g. host_local_reads=true; repeatable")
     ap.add_argument("--json", help="write every run's figures here")
     ap.add_argument("--no-verify", dest="verify", action="store_false",
                     help="skip the result check (each mode's first application, untimed)")

@@ -1326,6 +1326,7 @@ mod tests {
         Arc::new(ConnInfo {
             id: 1,
             peer: "127.0.0.1:1".parse().unwrap(),
+            local: None,
             app_id: None,
             identity: sluice_transport::PeerIdentity::Anyone,
             max_frame_bytes: 1 << 20,

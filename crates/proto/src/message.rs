@@ -11,6 +11,10 @@ pub const MAGIC: u32 = 0x534C_4345;
 pub const PROTOCOL_VERSION: u16 = 1;
 /// Feature bit: batches carry CRC32C checksums (always set by v1 peers).
 pub const FEATURE_CRC32C: u64 = 1;
+/// Feature bit: host-local reads. A client sets it when it can read chunks from a server's files
+/// itself (`FetchChunkLocal`); a server answers it set when it offers that to this peer (on its
+/// host, `host_local_reads` on).
+pub const FEATURE_HOST_LOCAL_READS: u64 = 2;
 /// `PartitionLoc::replica` value meaning "no replica".
 pub const NO_REPLICA: u16 = 0xFFFF;
 /// [`DiskReport::state`]: the directory takes new data.
@@ -543,6 +547,45 @@ wire_struct! {
     }
 }
 wire_struct! {
+    /// Ask for one chunk of a stream as regions of a file on the server's host, which the
+    /// reader, on the same host, reads itself (see `docs/protocol.md`, host-local reads). A
+    /// server that cannot or will not answer so sends the chunk's bytes: a [`ChunkData`], as
+    /// for a [`FetchChunk`].
+    pub struct FetchChunkLocal {
+        /// The stream.
+        pub stream_id: u64,
+        /// The chunk, an index into `StreamHandle::chunk_lengths`.
+        pub chunk_index: u32,
+    }
+}
+wire_struct! {
+    /// A byte range of a file.
+    pub struct FileSpan {
+        /// First byte.
+        pub offset: u64,
+        /// Bytes in it.
+        pub length: u32,
+    }
+}
+wire_struct! {
+    /// Where one chunk's bytes are: spans of one file on the server's host, in order; together
+    /// they are exactly the bytes a [`ChunkData`] of the chunk would carry.
+    pub struct ChunkLocal {
+        /// The stream it was fetched from.
+        pub stream_id: u64,
+        /// Which chunk of the stream this is.
+        pub chunk_index: u32,
+        /// The file's absolute path on the server's host.
+        pub path: String,
+        /// The file's device (`st_dev`): the reader checks the path names this very file.
+        pub device: u64,
+        /// The file's inode number (`st_ino`).
+        pub inode: u64,
+        /// The chunk's spans of the file, in chunk order.
+        pub spans: Vec<FileSpan>,
+    }
+}
+wire_struct! {
     /// Release a stream.
     pub struct CloseStream {
         /// The stream.
@@ -656,6 +699,8 @@ messages! {
     39 => ChunkData(ChunkData) body=true,
     40 => CloseStream(CloseStream) body=false,
     41 => PushSplit(PushSplit) body=false,
+    42 => FetchChunkLocal(FetchChunkLocal) body=false,
+    43 => ChunkLocal(ChunkLocal) body=false,
 }
 
 impl OpenStream {
@@ -924,6 +969,6 @@ mod tests {
             assert!(seen.insert(*t as u8));
             assert_eq!(MsgType::from_u8(*t as u8), Some(*t));
         }
-        assert_eq!(seen.len(), 38);
+        assert_eq!(seen.len(), 40);
     }
 }

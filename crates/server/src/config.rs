@@ -90,6 +90,13 @@ pub struct ServerConfig {
     /// page cache holds the bytes until the commit syncs them all at once.
     /// Measured: docs/benchmarks.md (durable commit).
     pub flush_writeback: bool,
+    /// Offer host-local reads: a reader on this host (connected over loopback or from this
+    /// server's own address) that asks for a chunk with `FetchChunkLocal` is told where its
+    /// bytes are in the server's files and reads them itself, without the network. The reader
+    /// must be able to open the files (same user or group, same mounts): it can then read every
+    /// shuffle on them, so turn this on only where the file system keeps applications apart as
+    /// much as it needs to. `false`: such requests get the chunk's bytes, as `FetchChunk`.
+    pub host_local_reads: bool,
     /// Coordinator addresses (`host:port`) to heartbeat to.
     pub coordinators: Vec<String>,
     /// Interval between heartbeats to each coordinator, in milliseconds.
@@ -310,6 +317,7 @@ impl Default for ServerConfig {
             drain_timeout_ms: 3_600_000,
             durable_commit: true,
             flush_writeback: true,
+            host_local_reads: false,
             coordinators: Vec::new(),
             coordinator_tls: None,
             heartbeat_interval_ms: 1_000,

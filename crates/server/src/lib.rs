@@ -51,8 +51,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use sluice_proto::message::{
-    Message, QuotaReport, RegisterServer, ServerHeartbeat, ServerStatus, DRAIN_ORDER_START,
-    DRAIN_ORDER_STOP,
+    FetchChunk, Message, QuotaReport, RegisterServer, ServerHeartbeat, ServerStatus,
+    DRAIN_ORDER_START, DRAIN_ORDER_STOP,
 };
 use sluice_proto::ErrorCode;
 use sluice_transport::{
@@ -106,6 +106,7 @@ impl Handler for ServerHandler {
         // (`PeerIdentity::authorize`) cannot see whose they are: their owner is checked here.
         let stream = match &req.message {
             Message::FetchChunk(f) => Some(f.stream_id),
+            Message::FetchChunkLocal(f) => Some(f.stream_id),
             Message::CloseStream(c) => Some(c.stream_id),
             _ => None,
         };
@@ -122,8 +123,15 @@ impl Handler for ServerHandler {
         // The permit is what `admit` made: the reservation (it moves into the partition buffers)
         // and the shuffle.
         let state = self.state.clone();
-        let (message, body, permit, max_frame) =
+        let (mut message, body, permit, max_frame) =
             (req.message, req.body, req.permit, conn.max_frame_bytes);
+        // Where a chunk is in this host's files means nothing to a reader on another host (a
+        // file there may even have the same path): it gets the chunk's bytes.
+        if let Message::FetchChunkLocal(f) = &message {
+            if !conn.peer_on_this_host() {
+                message = FetchChunk { stream_id: f.stream_id, chunk_index: f.chunk_index }.into();
+            }
+        }
         async move {
             match refused {
                 Some(r) => r,
@@ -197,10 +205,12 @@ impl Server {
             tasks.spawn(heartbeat_loop(state.clone(), transport, coord, identity.clone()));
         }
         let handler = Arc::new(ServerHandler { state: state.clone() });
+        let mut transport_config = state.config().transport.clone();
+        transport_config.offer_host_local_reads = state.config().host_local_reads;
         let result = sluice_transport::serve(
             listener,
             handler,
-            state.config().transport.clone(),
+            transport_config,
             self.transport_stats.clone(),
             shutdown,
         )

@@ -64,8 +64,9 @@ const DELETION_WAIT: Duration = Duration::from_secs(30);
 /// ranges of an object, read from the object store when the chunk is fetched.
 #[derive(Debug, Clone)]
 pub(crate) enum ChunkBody {
-    /// On a local disk.
-    Local(Body),
+    /// On a local disk: regions of `file` (sent with `sendfile`, or named to a host-local
+    /// reader).
+    Local { body: Body, file: FileRef },
     /// In the object store: the object's key and the ranges of it to send, in order.
     Object { key: Arc<str>, ranges: Arc<[std::ops::Range<u64>]> },
 }
@@ -74,10 +75,15 @@ impl ChunkBody {
     /// Bytes the chunk's body holds.
     fn len(&self) -> u64 {
         match self {
-            ChunkBody::Local(b) => b.len(),
+            ChunkBody::Local { body, .. } => body.len(),
             ChunkBody::Object { ranges, .. } => ranges.iter().map(|r| r.end - r.start).sum(),
         }
     }
+}
+
+/// `st_dev` and `st_ino` as the wire carries them (narrower than 64 bits on some systems).
+fn st_u64<T: Into<u64>>(v: T) -> u64 {
+    v.into()
 }
 
 /// Everything a server holds: the core's state and the shells around it.
@@ -310,6 +316,7 @@ impl ServerState {
             Message::CommitShuffle(c) => self.commit(&c.app_id, c.shuffle_id).await,
             Message::OpenStream(o) => self.open_stream(o, max_frame),
             Message::FetchChunk(f) => self.fetch_chunk(f).await,
+            Message::FetchChunkLocal(f) => self.fetch_chunk_local(f).await,
             Message::CloseStream(c) => {
                 self.streams.close(c.stream_id);
                 Ok(Response::msg(OkMsg {}))
@@ -695,7 +702,7 @@ impl ServerState {
                 let file = f.file()?;
                 let regions: Vec<FileRegion> =
                     ranges.iter().map(|r| FileRegion::new(file.clone(), r.offset, r.len)).collect();
-                Some(ChunkBody::Local(Body::from(regions)))
+                Some(ChunkBody::Local { body: Body::from(regions), file: f.clone() })
             }
             ChunkSource::Object(key) => Some(ChunkBody::Object {
                 key: key.into(),
@@ -732,8 +739,14 @@ impl ServerState {
     }
 
     async fn fetch_chunk(&self, f: FetchChunk) -> Result<Response, Refusal> {
-        let body = match self.streams.fetch(f.stream_id, f.chunk_index, Instant::now())? {
-            ChunkBody::Local(body) => body,
+        let chunk = self.streams.fetch(f.stream_id, f.chunk_index, Instant::now())?;
+        self.send_chunk(f, chunk).await
+    }
+
+    /// A chunk's bytes, as the answer to `FetchChunk`.
+    async fn send_chunk(&self, f: FetchChunk, chunk: ChunkBody) -> Result<Response, Refusal> {
+        let body = match chunk {
+            ChunkBody::Local { body, .. } => body,
             ChunkBody::Object { key, ranges } => self.read_object(&key, &ranges).await?,
         };
         self.stats.fetched_chunks.fetch_add(1, Ordering::Relaxed);
@@ -742,6 +755,50 @@ impl ServerState {
             message: ChunkData { stream_id: f.stream_id, chunk_index: f.chunk_index }.into(),
             body,
         })
+    }
+
+    /// `FetchChunkLocal` from a reader on this host (the shell answers one from elsewhere as
+    /// `FetchChunk`): where the chunk's bytes are in a local file, when host-local reads are on
+    /// and the chunk is wholly in one; its bytes otherwise (in the object store; a path that is
+    /// not UTF-8; a file `fstat` fails on).
+    async fn fetch_chunk_local(&self, f: FetchChunkLocal) -> Result<Response, Refusal> {
+        let chunk = self.streams.fetch(f.stream_id, f.chunk_index, Instant::now())?;
+        let as_bytes = FetchChunk { stream_id: f.stream_id, chunk_index: f.chunk_index };
+        let ChunkBody::Local { body, file } = &chunk else {
+            return self.send_chunk(as_bytes, chunk).await;
+        };
+        if !self.config.host_local_reads {
+            return self.send_chunk(as_bytes, chunk).await;
+        }
+        // The reader opens the path itself: it must say the same there (absolute) and be text.
+        let Some(path) = file.path.to_str().filter(|_| file.path.is_absolute()) else {
+            return self.send_chunk(as_bytes, chunk).await;
+        };
+        let open = body.regions().first().map(|r| &r.file);
+        let stat = match open.map(|f| rustix::fs::fstat(f.as_ref())) {
+            Some(Ok(st)) => st,
+            Some(Err(e)) => {
+                tracing::warn!(file = path, error = %e, "fstat of a chunk's file failed; sending its bytes");
+                return self.send_chunk(as_bytes, chunk).await;
+            }
+            // An empty chunk: its bytes are none.
+            None => return self.send_chunk(as_bytes, chunk).await,
+        };
+        let spans = body
+            .regions()
+            .iter()
+            .map(|r| FileSpan { offset: r.offset, length: r.len as u32 })
+            .collect();
+        self.stats.local_chunks.fetch_add(1, Ordering::Relaxed);
+        self.stats.local_bytes.fetch_add(body.len(), Ordering::Relaxed);
+        Ok(Response::msg(ChunkLocal {
+            stream_id: f.stream_id,
+            chunk_index: f.chunk_index,
+            path: path.to_owned(),
+            device: st_u64(stat.st_dev),
+            inode: st_u64(stat.st_ino),
+            spans,
+        }))
     }
 
     /// Reads one chunk's ranges of an offloaded partition's object. A store that fails or does

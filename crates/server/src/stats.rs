@@ -32,6 +32,10 @@ pub struct Stats {
     pub streams_opened: AtomicU64,
     pub fetched_chunks: AtomicU64,
     pub fetched_bytes: AtomicU64,
+    /// Chunks answered as regions of a local file (host-local reads), and their bytes: the
+    /// reader read them itself (not in `fetched_*`).
+    pub local_chunks: AtomicU64,
+    pub local_bytes: AtomicU64,
     pub errors: AtomicU64,
     pub apps_expired: AtomicU64,
     /// Partitions moved to the object store, and their bytes (files as uploaded, page padding
@@ -68,6 +72,8 @@ impl Stats {
             ("sluice_server_streams_opened_total", g(&self.streams_opened)),
             ("sluice_server_fetched_chunks_total", g(&self.fetched_chunks)),
             ("sluice_server_fetched_bytes_total", g(&self.fetched_bytes)),
+            ("sluice_server_local_read_chunks_total", g(&self.local_chunks)),
+            ("sluice_server_local_read_bytes_total", g(&self.local_bytes)),
             ("sluice_server_request_errors_total", g(&self.errors)),
             ("sluice_server_apps_expired_total", g(&self.apps_expired)),
             ("sluice_server_offloaded_partitions_total", g(&self.offloaded_partitions)),

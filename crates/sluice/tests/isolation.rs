@@ -156,6 +156,10 @@ async fn an_application_cannot_touch_another_applications_data() {
                 "fetch from alice's open stream",
                 FetchChunk { stream_id: alice_stream.stream_id, chunk_index: 0 }.into(),
             ),
+            (
+                "ask where a chunk of alice's open stream is",
+                FetchChunkLocal { stream_id: alice_stream.stream_id, chunk_index: 0 }.into(),
+            ),
             ("close alice's open stream", CloseStream { stream_id: alice_stream.stream_id }.into()),
             (
                 "end a map of alice's",
@@ -240,7 +244,7 @@ async fn an_application_cannot_touch_another_applications_data() {
 
         let m = server.metrics().await;
         let refused = metric(&m, "sluice_server_requests_unauthorized_total");
-        // 11 refused by the transport (all but the two stream requests, refused by the server).
+        // 11 refused by the transport (all but the three stream requests, refused by the server).
         assert!(refused >= 9.0, "unauthorized requests counted: {refused}");
 
         // The coordinator counts like the servers: bob's four refused requests, then a

@@ -67,6 +67,11 @@ pub struct ServerConfig {
     pub copy_buffer_bytes: usize,
     /// On shutdown, how long (ms) a connection may take to finish its in-flight requests.
     pub shutdown_grace_ms: u64,
+    /// Offer host-local reads (`FEATURE_HOST_LOCAL_READS`) in the handshake to peers on this
+    /// host that ask for them ([`crate::ConnInfo::peer_on_this_host`]). Not read from the
+    /// configuration: the server sets it from its own `host_local_reads`.
+    #[serde(skip)]
+    pub offer_host_local_reads: bool,
 }
 
 impl Default for ServerConfig {
@@ -91,6 +96,7 @@ impl Default for ServerConfig {
             max_bytes_per_write: 1 << 20,
             copy_buffer_bytes: 256 << 10,
             shutdown_grace_ms: 30_000,
+            offer_host_local_reads: false,
         }
     }
 }

@@ -451,6 +451,31 @@ pub fn cases() -> Vec<Case> {
             &merged_b,
             true,
         ),
+        ok(
+            "fetch_chunk_local",
+            19,
+            FetchChunkLocal { stream_id: 0x0102_0304_0506_0708, chunk_index: 2 }.into(),
+            &[],
+            false,
+        ),
+        ok(
+            "chunk_local",
+            19,
+            ChunkLocal {
+                stream_id: 0x0102_0304_0506_0708,
+                chunk_index: 2,
+                path: "/data/sluice/app-20261122-0001/3/7-0.data".into(),
+                device: 0x0000_0000_0000_fd01,
+                inode: 0x0000_0001_0203_0405,
+                spans: vec![
+                    FileSpan { offset: 0, length: 4096 },
+                    FileSpan { offset: 0x1_0000_0000, length: 77 },
+                ],
+            }
+            .into(),
+            &[],
+            false,
+        ),
         ok("push_split", 15, PushSplit { partitions: vec![2, 5] }.into(), &[], false),
         ok("close_stream", 20, CloseStream { stream_id: 0x0102_0304_0506_0708 }.into(), &[], false),
     ];

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use sluice_proto::message::{AuthChallenge, HandshakeOk, Pong, FEATURE_CRC32C, PROTOCOL_VERSION};
+use sluice_proto::message::{
+    AuthChallenge, HandshakeOk, Pong, FEATURE_CRC32C, FEATURE_HOST_LOCAL_READS, PROTOCOL_VERSION,
+};
 use sluice_proto::{encode_frame, ErrorCode, Message, MsgType};
 use sluice_proto::{HANDSHAKE_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES};
 use tokio::net::TcpStream;
@@ -69,6 +71,7 @@ pub(super) async fn run<H: Handler>(
     mut stop: watch::Receiver<bool>,
 ) {
     let cfg = &shared.cfg;
+    let local = stream.local_addr().ok();
     TransportStats::add(&stats.connections_open, 1);
     let _open = OpenGauge(stats.clone());
     if let Err(e) = configure(&stream, cfg.tcp_nodelay, cfg.send_buffer_bytes, None) {
@@ -94,7 +97,7 @@ pub(super) async fn run<H: Handler>(
     reader.set_body_pool(handler.body_pool());
 
     let handshake = tokio::select! {
-        r = handshake(&mut reader, &mut wr, cfg, handshake_limit, id, peer) => r,
+        r = handshake(&mut reader, &mut wr, cfg, handshake_limit, id, (peer, local)) => r,
         _ = stop.wait_for(|s| *s) => return,
     };
     let (conn, max_frame, reply) = match handshake {
@@ -220,7 +223,7 @@ async fn handshake(
     cfg: &ServerConfig,
     limit: Duration,
     id: u64,
-    peer: SocketAddr,
+    (peer, local): (SocketAddr, Option<SocketAddr>),
 ) -> Result<(Arc<ConnInfo>, u32, bytes::BytesMut), HandshakeEnd> {
     let (h, hs) = match handshake_frame(reader, limit).await? {
         (h, Message::Handshake(hs)) => (h, hs),
@@ -290,14 +293,18 @@ async fn handshake(
         }
     };
     let max_frame = hs.max_frame_bytes.min(cfg.max_frame_bytes);
+    let app_id = (!hs.app_id.is_empty()).then_some(hs.app_id);
+    let conn = ConnInfo { id, peer, local, app_id, identity, max_frame_bytes: max_frame };
+    let mut offered = FEATURE_CRC32C;
+    if cfg.offer_host_local_reads && conn.peer_on_this_host() {
+        offered |= FEATURE_HOST_LOCAL_READS;
+    }
     let ok = HandshakeOk {
         version: PROTOCOL_VERSION,
-        features: hs.features & FEATURE_CRC32C,
+        features: hs.features & offered,
         max_frame_bytes: max_frame,
     };
     let reply = encode_frame(reply_id, &Message::HandshakeOk(ok), &[]);
-    let app_id = (!hs.app_id.is_empty()).then_some(hs.app_id);
-    let conn = ConnInfo { id, peer, app_id, identity, max_frame_bytes: max_frame };
     Ok((Arc::new(conn), max_frame, reply))
 }
 

@@ -83,12 +83,23 @@ pub struct ConnInfo {
     pub id: u64,
     /// The peer's address.
     pub peer: SocketAddr,
+    /// This end's address (`None` when the socket could not say).
+    pub local: Option<SocketAddr>,
     /// The application id from the handshake, when the client gave one.
     pub app_id: Option<String>,
     /// Who the handshake proved the peer to be: what it may ask for.
     pub identity: PeerIdentity,
     /// The `max_frame_bytes` the handshake settled on: no response to this peer may be larger.
     pub max_frame_bytes: u32,
+}
+
+impl ConnInfo {
+    /// Whether the peer is on this host, in this network namespace: it connected over loopback
+    /// or from this end's own address. (What host-local reads are offered to.)
+    pub fn peer_on_this_host(&self) -> bool {
+        let ip = self.peer.ip().to_canonical();
+        ip.is_loopback() || self.local.is_some_and(|l| l.ip().to_canonical() == ip)
+    }
 }
 
 /// Who a connection speaks for, settled by its handshake (`docs/security.md`).
@@ -266,4 +277,32 @@ pub async fn serve<H: Handler>(
     let _ = stop_tx.send(true);
     while conns.join_next().await.is_some() {}
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn(peer: &str, local: Option<&str>) -> ConnInfo {
+        ConnInfo {
+            id: 1,
+            peer: peer.parse().unwrap(),
+            local: local.map(|l| l.parse().unwrap()),
+            app_id: None,
+            identity: PeerIdentity::Anyone,
+            max_frame_bytes: 1 << 20,
+        }
+    }
+
+    #[test]
+    fn a_peer_is_on_this_host_over_loopback_or_from_this_ends_own_address() {
+        assert!(conn("127.0.0.1:5000", Some("127.0.0.1:9097")).peer_on_this_host());
+        assert!(conn("127.0.0.2:5000", None).peer_on_this_host());
+        assert!(conn("[::1]:5000", None).peer_on_this_host());
+        assert!(conn("[::ffff:127.0.0.1]:5000", None).peer_on_this_host());
+        assert!(conn("10.1.2.3:5000", Some("10.1.2.3:9097")).peer_on_this_host());
+        assert!(conn("[::ffff:10.1.2.3]:5000", Some("10.1.2.3:9097")).peer_on_this_host());
+        assert!(!conn("10.1.2.4:5000", Some("10.1.2.3:9097")).peer_on_this_host());
+        assert!(!conn("10.1.2.4:5000", None).peer_on_this_host());
+    }
 }

@@ -3,14 +3,17 @@ package io.sluice.client;
 import io.netty.buffer.ByteBuf;
 import io.sluice.protocol.Batch;
 import io.sluice.protocol.ChunkData;
+import io.sluice.protocol.ChunkLocal;
 import io.sluice.protocol.CloseStream;
 import io.sluice.protocol.ErrorCode;
 import io.sluice.protocol.FetchChunk;
+import io.sluice.protocol.FetchChunkLocal;
 import io.sluice.protocol.Frame;
 import io.sluice.protocol.Message;
 import io.sluice.protocol.OpenStream;
 import io.sluice.protocol.ProtocolException;
 import io.sluice.protocol.StreamHandle;
+import java.io.IOException;
 import java.util.ArrayDeque;
 import java.util.BitSet;
 import java.util.HashMap;
@@ -67,6 +70,9 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
   private final List<OpenStream.MapAttempt> attempts;
   private final int[] servers;
   private final Map<Integer, Integer> agreed;
+  private final HostLocalReads hostLocal;
+  /** The files host-local chunks are read from; opened on the first such chunk. */
+  private HostLocalReads.ChunkFiles localFiles;
 
   /** Committed maps by map id; the seen batch ids survive a re-open. */
   private final Map<Integer, Committed> committed = new HashMap<>();
@@ -88,6 +94,7 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
   private final ArrayDeque<CompletableFuture<Frame>> inFlight = new ArrayDeque<>();
 
   private Frame chunk; // the chunk whose batches are being handed out
+  private boolean chunkFromFile; // it was read from the server's file (host-local read)
   private final ArrayDeque<ByteBuf> ready = new ArrayDeque<>();
   private final ArrayDeque<Batch.Header> readyHeaders = new ArrayDeque<>();
   private Batch.Header current; // the header of the batch next() returned last
@@ -132,6 +139,7 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
     this.mapEnd = mapEnd;
     this.servers = servers;
     this.agreed = agreed;
+    this.hostLocal = factory.hostLocal();
   }
 
   @Override
@@ -249,6 +257,11 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
     // requests stay in flight meanwhile (as the Rust reader does).
     requestAhead();
     int index = nextToConsume;
+    chunkFromFile = false;
+    if (frame.message() instanceof ChunkLocal local) {
+      frame.release();
+      frame = readLocal(local, index);
+    }
     try {
       take(frame, index);
     } catch (SluiceException e) {
@@ -256,6 +269,41 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
       throw e;
     }
     nextToConsume++;
+  }
+
+  /**
+   * Reads chunk {@code index} from the server's file {@code local} names (host-local reads).
+   * Reading it is the task's own work, as Spark counts reading its local blocks: not fetch wait.
+   * When the file cannot be read here, the chunk is fetched over the network (that wait counts),
+   * and so is every chunk of this server from then on ({@link HostLocalReads#giveUp}).
+   */
+  private Frame readLocal(ChunkLocal local, int index) {
+    if (local.streamId() != streamId || local.chunkIndex() != index) {
+      throw new SluiceException(ErrorCode.PROTOCOL_VIOLATION,
+          "expected chunk " + index + " of stream " + streamId + ", got " + local);
+    }
+    // (Asked before a reader gave up on this server's files: fetched instead.)
+    if (hostLocal.ask(server())) {
+      if (localFiles == null) {
+        localFiles = new HostLocalReads.ChunkFiles(hostLocal);
+      }
+      try {
+        ByteBuf body = localFiles.read(local, factory.bodyBuffers(),
+            Integer.toUnsignedLong(chunkLengths.get(index)));
+        chunkFromFile = true;
+        return new Frame(0, new ChunkData(streamId, index), body);
+      } catch (IOException e) {
+        localFiles.close();
+        hostLocal.giveUp(server(), "reading chunk " + index + " of shuffle " + shuffleId
+            + " partition " + partition + " from " + local.path() + ": " + e.getMessage());
+      }
+    }
+    long start = System.nanoTime();
+    try {
+      return TransportClient.await(client.request(new FetchChunk(streamId, index), null));
+    } finally {
+      fetchWaitNanos += System.nanoTime() - start;
+    }
   }
 
   /**
@@ -292,7 +340,7 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
       ahead = c.call(new OpenStream(appId, shuffleId, partition, mapStart, mapEnd, attempts))
           .thenApply(m -> new Ahead(c, m, m instanceof StreamHandle h
               && !h.chunkLengths().isEmpty()
-              ? c.request(new FetchChunk(h.streamId(), 0), null) : null));
+              ? c.request(chunkRequest(c, h.streamId(), 0), null) : null));
     } catch (RuntimeException e) {
       LOG.debug("opening shuffle {} partition {}{} ahead failed ({}); it opens when read",
           shuffleId, partition, part, e.toString());
@@ -394,8 +442,17 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
 
   private void requestAhead(int window) {
     while (inFlight.size() < window && nextToFetch < chunkLengths.size()) {
-      inFlight.add(client.request(new FetchChunk(streamId, nextToFetch++), null));
+      inFlight.add(client.request(chunkRequest(client, streamId, nextToFetch++), null));
     }
+  }
+
+  /**
+   * The request of a chunk over {@code c}: as regions of the server's files when it offered that
+   * on the connection and is on this host, and no reader gave up on reading its files.
+   */
+  private Message chunkRequest(TransportClient c, long stream, int index) {
+    return c.offersHostLocalReads() && hostLocal.ask(server())
+        ? new FetchChunkLocal(stream, index) : new FetchChunk(stream, index);
   }
 
   /** Checks a fetched chunk and queues its batches that pass the filter. */
@@ -522,6 +579,14 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
     }
   }
 
+  /**
+   * Whether the batch {@link #next()} returned last was read from the server's file here (a
+   * host-local read), not received over the network.
+   */
+  boolean fromLocalFile() {
+    return chunkFromFile;
+  }
+
   /** Chunk bytes fetched from servers (batch headers and filtered batches included). */
   public long bytesFetched() {
     return bytesFetched;
@@ -555,5 +620,8 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
     }
     closed = true;
     abandonStream();
+    if (localFiles != null) {
+      localFiles.close();
+    }
   }
 }

@@ -230,6 +230,14 @@ public final class ShuffleReaderClient implements Iterator<ByteBuf>, AutoCloseab
     return current == null ? null : current.header();
   }
 
+  /**
+   * Whether the batch {@link #next()} returned last was read from its server's file on this host
+   * (host-local reads, {@code sluice.client.hostLocalReads}) rather than over the network.
+   */
+  public boolean fromLocalFile() {
+    return current != null && current.fromLocalFile();
+  }
+
   /** Chunk bytes fetched from servers (batch headers and filtered batches included). */
   public long bytesFetched() {
     return bytesFetched + (current == null ? 0 : current.bytesFetched());

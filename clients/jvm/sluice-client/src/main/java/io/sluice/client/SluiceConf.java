@@ -33,6 +33,7 @@ import java.util.Map;
  * <tr><td>sluice.client.maxFrameBytes</td><td>64m</td><td>max_frame_bytes proposed in the handshake</td></tr>
  * <tr><td>sluice.client.fetchPrefetchChunks</td><td>4</td><td>chunks a reader requests ahead</td></tr>
  * <tr><td>sluice.client.prefetchNextPartition</td><td>false</td><td>a reduce task reading several partitions opens the next one's stream and requests its first chunk once the current one has every chunk requested</td></tr>
+ * <tr><td>sluice.client.hostLocalReads</td><td>true</td><td>a reader asks a server on this host (its address is a loopback or local one) where each chunk is in its files, and reads it from there itself, when the server offers that ({@code host_local_reads}); on any trouble opening or reading a file it fetches over the network again, from then on for that server</td></tr>
  * <tr><td>sluice.client.busyMaxRetries</td><td>50</td><td>times a push answered Busy is retried</td></tr>
  * <tr><td>sluice.client.busyBackoffMaxMs</td><td>5000</td><td>cap on the wait a Busy asks for</td></tr>
  * <tr><td>sluice.client.maxRetries</td><td>3</td><td>retries of a request failing with a retriable error</td></tr>
@@ -77,6 +78,7 @@ public final class SluiceConf {
   private final int writeBufferLowWatermarkBytes;
   private final boolean preferEpoll;
   private final boolean prefetchNextPartition;
+  private final boolean hostLocalReads;
 
   private SluiceConf(Map<String, String> map) {
     this.values = Collections.unmodifiableMap(new HashMap<>(map));
@@ -141,6 +143,7 @@ public final class SluiceConf {
         1L << 40);
     this.preferEpoll = bool("sluice.client.preferEpoll", true);
     this.prefetchNextPartition = bool("sluice.client.prefetchNextPartition", false);
+    this.hostLocalReads = bool("sluice.client.hostLocalReads", true);
   }
 
   /** Options from {@code sluice.*} keys; missing keys take their defaults. */
@@ -344,6 +347,14 @@ public final class SluiceConf {
    */
   public boolean prefetchNextPartition() {
     return prefetchNextPartition;
+  }
+
+  /**
+   * Whether readers ask servers on this host for chunks as regions of their files ({@code
+   * FetchChunkLocal}) and read those themselves.
+   */
+  public boolean hostLocalReads() {
+    return hostLocalReads;
   }
 
   /** The wait before retry number {@code attempt} (1-based): retryWaitMs doubled each time. */

@@ -57,6 +57,8 @@ public final class TransportClient implements AutoCloseable {
   private final Object writability = new Object();
   private volatile int maxFrameBytes = io.sluice.protocol.FrameHeader.HANDSHAKE_MAX_FRAME_BYTES;
   private volatile Throwable closeCause;
+  /** The feature bits the handshake settled on. */
+  private volatile long features;
   /** {@link System#nanoTime()} of the last read from the socket that brought bytes. */
   private volatile long lastReadNanos = System.nanoTime();
 
@@ -94,6 +96,14 @@ public final class TransportClient implements AutoCloseable {
   }
 
   /** Whether the connection is open. */
+  /**
+   * Whether the server offered host-local reads on this connection: it answers {@link
+   * io.sluice.protocol.FetchChunkLocal} with where the chunk is in its files.
+   */
+  public boolean offersHostLocalReads() {
+    return (features & Handshake.FEATURE_HOST_LOCAL_READS) != 0;
+  }
+
   public boolean isActive() {
     return channel.isActive();
   }
@@ -117,8 +127,14 @@ public final class TransportClient implements AutoCloseable {
    */
   CompletableFuture<HandshakeOk> handshake(
       int proposedMaxFrameBytes, String appId, String credential) {
+    return handshake(proposedMaxFrameBytes, appId, credential, Handshake.FEATURE_CRC32C);
+  }
+
+  /** As above, asking for {@code features} ({@link Handshake#FEATURE_HOST_LOCAL_READS}). */
+  CompletableFuture<HandshakeOk> handshake(
+      int proposedMaxFrameBytes, String appId, String credential, long asked) {
     String clientNonce = Credentials.nonce();
-    return call(Handshake.v1(proposedMaxFrameBytes, appId, clientNonce)).thenCompose(m -> {
+    return call(Handshake.v1(proposedMaxFrameBytes, appId, clientNonce, asked)).thenCompose(m -> {
       if (!(m instanceof AuthChallenge c)) {
         return CompletableFuture.completedFuture(m);
       }
@@ -145,6 +161,7 @@ public final class TransportClient implements AutoCloseable {
                 + " outside 65536.." + proposedMaxFrameBytes);
       }
       maxFrameBytes = limit;
+      this.features = ok.features();
       channel.pipeline().get(FrameDecoder.class).setMaxFrameBytes(limit);
       return ok;
     });

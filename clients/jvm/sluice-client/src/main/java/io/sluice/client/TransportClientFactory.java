@@ -31,6 +31,7 @@ import io.netty.util.concurrent.DefaultThreadFactory;
 import io.sluice.protocol.BodyBuffers;
 import io.sluice.protocol.FrameDecoder;
 import io.sluice.protocol.FrameHeader;
+import io.sluice.protocol.Handshake;
 import io.sluice.protocol.Message;
 import java.io.File;
 import jdk.net.ExtendedSocketOptions;
@@ -87,6 +88,8 @@ public final class TransportClientFactory implements AutoCloseable {
   private final String tlsEngine;
   /** The buffers connections receive frame bodies (fetched chunks) into, recycled. */
   private final BodyBuffers bodies;
+  /** Which servers readers read chunks from the files of (host-local reads). */
+  private final HostLocalReads hostLocal;
   private final LongAdder bodyBytesReadInPlace = new LongAdder();
   private final ConcurrentHashMap<String, Peer> peers = new ConcurrentHashMap<>();
   private final ConcurrentHashMap<String, BusyGate> busyGates = new ConcurrentHashMap<>();
@@ -126,6 +129,7 @@ public final class TransportClientFactory implements AutoCloseable {
     this.sslContext = provider != null ? sslContext(conf, provider) : null;
     this.tlsEngine = provider != null ? provider.name().toLowerCase(java.util.Locale.ROOT) : "none";
     this.bodies = new BodyBuffers(conf.fetchBufferCacheBytes());
+    this.hostLocal = new HostLocalReads(conf.hostLocalReads());
   }
 
   /** The TLS engine connections use: {@code jdk}, {@code openssl}, or {@code none} (plain). */
@@ -183,6 +187,16 @@ public final class TransportClientFactory implements AutoCloseable {
   /** Where connections' large bodies come from (tests: every one released). */
   BodyBuffers bodyBuffers() {
     return bodies;
+  }
+
+  /** Host-local reads: which servers to ask, and what readers read from their files. */
+  HostLocalReads hostLocal() {
+    return hostLocal;
+  }
+
+  /** Bytes readers read from servers' files themselves (host-local reads). */
+  public long bytesReadLocally() {
+    return hostLocal.bytesRead();
   }
 
   /** Bytes the connections read straight into the bodies of frames (plain TCP only). */
@@ -373,7 +387,8 @@ public final class TransportClientFactory implements AutoCloseable {
     }
     TransportClient client = new TransportClient(ch, peer, conf.requestTimeoutMs());
     try {
-      client.handshake(conf.maxFrameBytes(), appId, conf.secret())
+      client.handshake(conf.maxFrameBytes(), appId, conf.secret(), conf.hostLocalReads()
+          ? Handshake.FEATURE_HOST_LOCAL_READS : 0)
           .get(conf.connectTimeoutMs(), TimeUnit.MILLISECONDS);
       return client;
     } catch (java.util.concurrent.TimeoutException e) {

@@ -7,7 +7,7 @@ import io.netty.buffer.ByteBuf;
  *
  * @param magic {@link #MAGIC}
  * @param version protocol version, {@link #VERSION}
- * @param features feature bits, {@link #FEATURE_CRC32C}
+ * @param features feature bits, {@link #FEATURE_CRC32C}, {@link #FEATURE_HOST_LOCAL_READS}
  * @param maxFrameBytes the client's proposed {@code max_frame_bytes}
  * @param appId the application id, "" for the cluster's own peers
  * @param clientNonce random text mixed into the credential proof ({@link AuthProof}); may be ""
@@ -22,9 +22,22 @@ public record Handshake(
   /** Feature bit 0: batches carry CRC32C checksums (always set by v1 peers). */
   public static final long FEATURE_CRC32C = 1L;
 
+  /**
+   * Feature bit 1: host-local reads. The client can read chunks from a server's files itself
+   * ({@link FetchChunkLocal}); the server answers it set when it offers that to this client.
+   */
+  public static final long FEATURE_HOST_LOCAL_READS = 2L;
+
   /** A v1 handshake with the CRC32C feature. */
   public static Handshake v1(int maxFrameBytes, String appId, String clientNonce) {
-    return new Handshake(MAGIC, VERSION, FEATURE_CRC32C, maxFrameBytes, appId, clientNonce);
+    return v1(maxFrameBytes, appId, clientNonce, FEATURE_CRC32C);
+  }
+
+  /** A v1 handshake with {@code features} (CRC32C always among them). */
+  public static Handshake v1(int maxFrameBytes, String appId, String clientNonce,
+      long features) {
+    return new Handshake(MAGIC, VERSION, features | FEATURE_CRC32C, maxFrameBytes, appId,
+        clientNonce);
   }
 
   @Override

@@ -81,7 +81,9 @@ public interface Message {
     FETCH_CHUNK(38, "FetchChunk", false, FetchChunk::decode),
     CHUNK_DATA(39, "ChunkData", true, ChunkData::decode),
     CLOSE_STREAM(40, "CloseStream", false, CloseStream::decode),
-    PUSH_SPLIT(41, "PushSplit", false, PushSplit::decode);
+    PUSH_SPLIT(41, "PushSplit", false, PushSplit::decode),
+    FETCH_CHUNK_LOCAL(42, "FetchChunkLocal", false, FetchChunkLocal::decode),
+    CHUNK_LOCAL(43, "ChunkLocal", false, ChunkLocal::decode);
 
     private static final Type[] BY_ID = new Type[256];
 

@@ -88,6 +88,16 @@ final class FakeServer implements AutoCloseable {
   volatile long responseDelayMs;
   volatile boolean dropOneBatchPerStream;
   volatile Function<Frame, Message> custom;
+  /**
+   * Host-local reads: when set, the handshake offers them and a FetchChunkLocal is answered with
+   * ChunkLocal naming a file in this directory that holds the chunk (written on the request).
+   */
+  volatile java.nio.file.Path hostLocalDir;
+  /** With hostLocalDir: name another inode than the file's (a file the reader must not read). */
+  volatile boolean hostLocalWrongInode;
+  /** FetchChunk and FetchChunkLocal requests served. */
+  final AtomicInteger chunkFetches = new AtomicInteger();
+  final AtomicInteger localChunkFetches = new AtomicInteger();
   volatile List<Assignment.ServerAddr> assignServers = List.of();
 
   // Partition splits. As a server: when positive, a push is answered PushSplit for each of its
@@ -188,7 +198,8 @@ final class FakeServer implements AutoCloseable {
       }
       if (m instanceof Handshake h) {
         int limit = Math.min(h.maxFrameBytes(), maxFrameBytes);
-        reply(ctx, f.requestId(), new HandshakeOk(1, h.features() & 1, limit), null);
+        long offered = hostLocalDir != null ? 3 : 1;
+        reply(ctx, f.requestId(), new HandshakeOk(1, h.features() & offered, limit), null);
         ctx.pipeline().get(FrameDecoder.class).setMaxFrameBytes(limit);
         ctx.pipeline().get(FrameEncoder.class).setMaxFrameBytes(limit);
         return;
@@ -367,7 +378,32 @@ final class FakeServer implements AutoCloseable {
       streams.put(id, chunks);
       return new Object[] {new StreamHandle(id, chunks.stream().map(b -> b.length).toList(),
           committed), null};
+    } else if (m instanceof io.sluice.protocol.FetchChunkLocal fl) {
+      localChunkFetches.incrementAndGet();
+      java.nio.file.Path dir = hostLocalDir;
+      List<byte[]> chunks = streams.get(fl.streamId());
+      if (dir == null || chunks == null || fl.chunkIndex() >= chunks.size()) {
+        return handle(new Frame(f.requestId(), new FetchChunk(fl.streamId(), fl.chunkIndex())));
+      }
+      // The chunk after 100 bytes of something else, in two spans.
+      byte[] b = chunks.get(fl.chunkIndex());
+      java.nio.file.Path file = dir.resolve(fl.streamId() + "-" + fl.chunkIndex() + ".data");
+      try {
+        byte[] content = new byte[100 + b.length];
+        System.arraycopy(b, 0, content, 100, b.length);
+        java.nio.file.Files.write(file, content);
+        var attrs = java.nio.file.Files.readAttributes(file, "unix:dev,ino");
+        long ino = (Long) attrs.get("ino") + (hostLocalWrongInode ? 1 : 0);
+        int half = b.length / 2;
+        return new Object[] {new io.sluice.protocol.ChunkLocal(fl.streamId(), fl.chunkIndex(),
+            file.toAbsolutePath().toString(), (Long) attrs.get("dev"), ino, List.of(
+                new io.sluice.protocol.ChunkLocal.FileSpan(100, half),
+                new io.sluice.protocol.ChunkLocal.FileSpan(100 + half, b.length - half))), null};
+      } catch (java.io.IOException e) {
+        throw new java.io.UncheckedIOException(e);
+      }
     } else if (m instanceof FetchChunk fc) {
+      chunkFetches.incrementAndGet();
       List<byte[]> chunks = streams.get(fc.streamId());
       if (chunks == null) {
         return new Object[] {ErrorMessage.of(ErrorCode.UNKNOWN_STREAM, "no stream"), null};

@@ -32,6 +32,7 @@ import java.util.function.Function;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
 import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.ValueSource;
 
@@ -468,6 +469,68 @@ class ShuffleRoundTripTest {
    * A read that fails over waits for the failed open and the back-off before the replica's open:
    * all of it is the task's fetch wait, as Spark counts a retried fetch's.
    */
+  /**
+   * A server on this host that offers host-local reads names each chunk's file and spans; the
+   * reader reads them itself (nothing fetched over the network) and gets exactly the data.
+   */
+  @Test
+  void aHostLocalReadTakesTheChunksFromTheServersFiles(@TempDir java.nio.file.Path dir) {
+    s1.hostLocalDir = dir;
+    s2.hostLocalDir = dir;
+    coord.registerApp(APP);
+    ShuffleAssignment a = coord.registerShuffle(APP, 21, 2, 3, 1);
+    coord.registerShuffleOnServers(APP, a, 2, 1);
+    writeMap(a, 0, 0, 30, true);
+    writeMap(a, 1, 0, 30, true);
+    coord.commitShuffle(APP, a);
+    long fetched = 0;
+    for (int p = 0; p < 3; p++) {
+      assertEquals(expected(p, new int[] {0, 1}, 0, 30), read(a, p, 0, 2));
+    }
+    for (FakeServer s : List.of(s1, s2)) {
+      assertEquals(0, s.chunkFetches.get(), "chunks fetched over the network");
+      fetched += s.localChunkFetches.get();
+    }
+    assertTrue(fetched >= 3, fetched + " chunks asked for as file regions");
+    assertTrue(factory.bytesReadLocally() > 30 * 2 * 3 * 8,
+        factory.bytesReadLocally() + " bytes read from the files");
+  }
+
+  /**
+   * A path that names another file here than the server's (another mount namespace, say): the
+   * reader does not read it, fetches the chunk over the network, and from then on asks that
+   * server for chunks' bytes only.
+   */
+  @Test
+  void aFileThatIsNotTheServersIsNotReadAndTheChunkIsFetched(@TempDir java.nio.file.Path dir) {
+    s1.hostLocalDir = dir;
+    s2.hostLocalDir = dir;
+    s1.hostLocalWrongInode = true;
+    s2.hostLocalWrongInode = true;
+    coord.registerApp(APP);
+    ShuffleAssignment a = coord.registerShuffle(APP, 22, 2, 3, 1);
+    coord.registerShuffleOnServers(APP, a, 2, 1);
+    writeMap(a, 0, 0, 30, true);
+    writeMap(a, 1, 0, 30, true);
+    coord.commitShuffle(APP, a);
+    for (int p = 0; p < 3; p++) {
+      assertEquals(expected(p, new int[] {0, 1}, 0, 30), read(a, p, 0, 2));
+    }
+    assertEquals(0, factory.bytesReadLocally());
+    for (FakeServer s : List.of(s1, s2)) {
+      int asked = s.localChunkFetches.get();
+      // The first stream's requests in flight when it gave up: the prefetch window, and the one
+      // that refilled it as the first answer came.
+      assertTrue(asked >= 1 && asked <= conf.fetchPrefetchChunks() + 1,
+          asked + " chunks asked for as file regions");
+      assertTrue(s.chunkFetches.get() >= 1, "no chunk fetched over the network");
+    }
+    // Given up for good: a new read asks for bytes only.
+    int before = s1.localChunkFetches.get() + s2.localChunkFetches.get();
+    assertEquals(expected(0, new int[] {0, 1}, 0, 30), read(a, 0, 0, 2));
+    assertEquals(before, s1.localChunkFetches.get() + s2.localChunkFetches.get());
+  }
+
   @Test
   void aFailedOverReadCountsItsBackOffAsFetchWait() {
     ShuffleAssignment a = coord.registerShuffle(APP, 6, 1, 1, 2);

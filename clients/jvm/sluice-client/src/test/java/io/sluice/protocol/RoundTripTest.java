@@ -223,6 +223,9 @@ class RoundTripTest {
       case CHUNK_DATA -> new ChunkData(r.nextLong(), r.nextInt());
       case CLOSE_STREAM -> new CloseStream(r.nextLong());
       case PUSH_SPLIT -> new PushSplit(list(r, r::nextInt));
+      case FETCH_CHUNK_LOCAL -> new FetchChunkLocal(r.nextLong(), r.nextInt());
+      case CHUNK_LOCAL -> new ChunkLocal(r.nextLong(), r.nextInt(), str(r), r.nextLong(),
+          r.nextLong(), list(r, () -> new ChunkLocal.FileSpan(r.nextLong(), r.nextInt())));
     };
   }
 }

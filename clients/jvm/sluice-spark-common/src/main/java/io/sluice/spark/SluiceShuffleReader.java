@@ -328,8 +328,15 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
           }
           countFetchWait(client.fetchWaitNanos() - waitedBefore);
           if (more) {
-            metrics.incRemoteBlocksFetched(1);
-            metrics.incRemoteBytesRead(payload.readableBytes());
+            // A batch read from its server's file here counts as Spark counts its own blocks
+            // read from this host's disks: local.
+            if (client.fromLocalFile()) {
+              metrics.incLocalBlocksFetched(1);
+              metrics.incLocalBytesRead(payload.readableBytes());
+            } else {
+              metrics.incRemoteBlocksFetched(1);
+              metrics.incRemoteBytesRead(payload.readableBytes());
+            }
             stream = parts.accept(client.header(), payload);
             if (stream == null) {
               continue; // a part of a large record: the stream decodes once all parts are here

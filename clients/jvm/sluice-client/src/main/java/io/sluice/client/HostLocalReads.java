@@ -1,0 +1,175 @@
+package io.sluice.client;
+
+import io.netty.buffer.ByteBuf;
+import io.sluice.protocol.BodyBuffers;
+import io.sluice.protocol.ChunkLocal;
+import java.io.EOFException;
+import java.io.IOException;
+import java.net.InetAddress;
+import java.net.NetworkInterface;
+import java.nio.ByteBuffer;
+import java.nio.channels.FileChannel;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.StandardOpenOption;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.LongAdder;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Host-local reads ({@code sluice.client.hostLocalReads}): which servers readers ask for chunks
+ * as regions of their files ({@code FetchChunkLocal}), and reading those regions. A server on this
+ * host that offers it ({@code host_local_reads}) answers with the file's path, device, inode
+ * number and the chunk's spans; the reader reads the spans itself, so the bytes skip the
+ * server's {@code sendfile}, the loopback socket and the event loop. One per {@link
+ * TransportClientFactory}, shared by its readers.
+ *
+ * <p>A server is asked when its address is one of this host's (loopback, or an interface's). A
+ * reader that cannot use an answer (the path names no file here, or another file than the
+ * server's: another mount namespace; a read fails or ends early) fetches that chunk over the
+ * network, and every reader of the process does so for that server from then on: the first
+ * failure is logged once as a warning.
+ */
+final class HostLocalReads {
+  private static final Logger LOG = LoggerFactory.getLogger(HostLocalReads.class);
+
+  private final boolean enabled;
+  /** By host:port: whether to ask it (false: not on this host, or given up on). */
+  private final ConcurrentHashMap<String, Boolean> ask = new ConcurrentHashMap<>();
+  private final LongAdder bytesRead = new LongAdder();
+
+  HostLocalReads(boolean enabled) {
+    this.enabled = enabled;
+  }
+
+  /** Whether to ask {@code server} for chunks as regions of its files. */
+  boolean ask(ShuffleAssignment.Server server) {
+    if (!enabled) {
+      return false;
+    }
+    Boolean known = ask.get(server.hostPort());
+    return known != null ? known
+        : ask.computeIfAbsent(server.hostPort(), k -> onThisHost(server.host()));
+  }
+
+  /** Stops asking {@code server}: one of its answers could not be read here. */
+  void giveUp(ShuffleAssignment.Server server, String why) {
+    if (!Boolean.FALSE.equals(ask.put(server.hostPort(), false))) {
+      LOG.warn("host-local reads from {} stopped ({}); its chunks are fetched over the network",
+          server.hostPort(), why);
+    }
+  }
+
+  /** Bytes readers of this process read from servers' files themselves. */
+  long bytesRead() {
+    return bytesRead.sum();
+  }
+
+  /** Whether {@code host} names this machine: loopback, or an address of one of its interfaces. */
+  static boolean onThisHost(String host) {
+    try {
+      InetAddress a = InetAddress.getByName(host);
+      return a.isLoopbackAddress() || a.isAnyLocalAddress()
+          || NetworkInterface.getByInetAddress(a) != null;
+    } catch (IOException | RuntimeException e) {
+      LOG.debug("cannot tell whether {} is this host ({}); not reading its files", host, e);
+      return false;
+    }
+  }
+
+  /**
+   * The files one reader reads chunks from: the last one opened stays open (a partition's chunks
+   * are in one file, or a few in turn). Not thread-safe.
+   */
+  static final class ChunkFiles implements AutoCloseable {
+    private final HostLocalReads owner;
+    private String path;
+    private long device;
+    private long inode;
+    private FileChannel channel;
+
+    ChunkFiles(HostLocalReads owner) {
+      this.owner = owner;
+    }
+
+    /**
+     * Reads the chunk {@code c} names into a body buffer of {@code expected} bytes (the length
+     * the stream handle gave); the caller owns it. Throws when the spans hold another length, the
+     * path here is not the server's file, or a read fails or ends before a span does.
+     */
+    ByteBuf read(ChunkLocal c, BodyBuffers bodies, long expected) throws IOException {
+      long len = c.length();
+      if (len != expected) {
+        throw new IOException("the spans hold " + len + " bytes, the stream handle said "
+            + expected);
+      }
+      FileChannel ch = open(c);
+      ByteBuf buf = bodies.take(TransportClientFactory.ALLOCATOR, (int) len);
+      try {
+        for (ChunkLocal.FileSpan s : c.spans()) {
+          int n = s.length();
+          ByteBuffer into = buf.nioBuffer(buf.writerIndex(), n);
+          long at = s.offset();
+          while (into.hasRemaining()) {
+            int got = ch.read(into, at);
+            if (got < 0) {
+              throw new EOFException(c.path() + " ends at " + at + ", before the span ["
+                  + s.offset() + ", +" + n + ")");
+            }
+            at += got;
+          }
+          buf.writerIndex(buf.writerIndex() + n);
+        }
+      } catch (IOException | RuntimeException e) {
+        buf.release();
+        throw e;
+      }
+      owner.bytesRead.add(len);
+      return buf;
+    }
+
+    /** The channel of {@code c}'s file, checked to be the server's (device and inode). */
+    private FileChannel open(ChunkLocal c) throws IOException {
+      if (channel != null && c.path().equals(path) && c.device() == device
+          && c.inode() == inode) {
+        return channel;
+      }
+      close();
+      Path p = Path.of(c.path());
+      FileChannel ch = FileChannel.open(p, StandardOpenOption.READ);
+      try {
+        // Opened first, then looked up: a file renamed over the path in between shows here.
+        Map<String, Object> a = Files.readAttributes(p, "unix:dev,ino");
+        long dev = (Long) a.get("dev");
+        long ino = (Long) a.get("ino");
+        if (dev != c.device() || ino != c.inode()) {
+          throw new IOException(c.path() + " here is another file than the server's (device "
+              + dev + ", inode " + ino + " against " + c.device() + ", " + c.inode() + ")");
+        }
+      } catch (IOException | RuntimeException e) {
+        ch.close();
+        throw e instanceof IOException io ? io : new IOException(e.toString(), e);
+      }
+      path = c.path();
+      device = c.device();
+      inode = c.inode();
+      channel = ch;
+      return ch;
+    }
+
+    @Override
+    public void close() {
+      if (channel != null) {
+        try {
+          channel.close();
+        } catch (IOException e) {
+          LOG.debug("closing {} failed", path, e);
+        }
+        channel = null;
+        path = null;
+      }
+    }
+  }
+}
