@@ -336,6 +336,7 @@ fn is_response(t: MsgType) -> bool {
             | MsgType::MapperEndResult
             | MsgType::StreamHandle
             | MsgType::ChunkData
+            | MsgType::ChunkLocal
             | MsgType::AuthChallenge
     )
 }
