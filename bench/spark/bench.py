@@ -19,7 +19,7 @@ Before each measured run it waits (bounded) for the 1-minute load average to dro
 --max-load, so other work on the machine skews less, and records the load it started at.
 
 Usage: bench/spark/run.sh [--runs 3] [--max-load 1.0] [--load-wait 300] [--json out.json]
-           [--celeborn]
+           [--celeborn] [--server-set host_local_reads=true]
 """
 
 import argparse
@@ -299,7 +299,8 @@ def orchestrate(args):
         from cluster import require
 
         require()  # fails now, naming what is missing
-    sluice = conftest.SluiceCluster(binary, work / "sluice", servers=2)
+    sluice = conftest.SluiceCluster(binary, work / "sluice", servers=2,
+                                    server_sets=args.server_set)
     sampler = CpuSampler([p.proc.pid for p in sluice.servers])
     samplers = {"sluice": sampler}
     celeborn = spark = None
@@ -375,6 +376,8 @@ def main():
     ap.add_argument("--max-load", type=float, default=1.0, help="1-min load to wait for")
     ap.add_argument("--load-wait", type=float, default=300, help="longest wait for it, s")
     ap.add_argument("--run-timeout", type=float, default=900, help="one application, s")
+    ap.add_argument("--server-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Sluice server setting (--set), e.g. host_local_reads=true; repeatable")
     ap.add_argument("--json", help="write every run's figures here")
     ap.add_argument("--celeborn", action="store_true",
                     help="also Celeborn (bench/celeborn/setup.sh)")

@@ -179,6 +179,45 @@ pub(crate) struct Inner {
     /// Parts of split partitions per committed shuffle, as readers learned them (parts never
     /// change after the commit; forgotten when the shuffle is unregistered).
     pub splits: parking_lot::Mutex<std::collections::HashMap<u32, Arc<Parts>>>,
+    /// Host-local reads: per server, chunks in a row its files failed to give (at
+    /// [`GIVE_UP_AFTER`] its chunks are fetched over the network from then on).
+    pub local_failures: parking_lot::Mutex<std::collections::HashMap<SocketAddr, u32>>,
+}
+
+/// Chunks in a row that could not be read from a server's files before readers stop asking it.
+/// A file can go for ordinary reasons (its partition moved to the object store, its shuffle
+/// deleted); failures in a row mean its files are not readable here.
+pub const GIVE_UP_AFTER: u32 = 3;
+
+impl Inner {
+    /// Whether to ask `addr` for chunks as regions of its files (besides its offer, see
+    /// [`sluice_transport::Connection::offers_host_local_reads`]): readers have not given up.
+    pub(crate) fn reads_files_of(&self, addr: SocketAddr) -> bool {
+        self.local_failures.lock().get(&addr).is_none_or(|&n| n < GIVE_UP_AFTER)
+    }
+
+    /// A chunk of `addr` could not be read from its file (it is fetched instead).
+    pub(crate) fn file_read_failed(&self, addr: SocketAddr, why: &str) {
+        let n = {
+            let mut f = self.local_failures.lock();
+            let n = f.entry(addr).or_insert(0);
+            *n += 1;
+            *n
+        };
+        if n == GIVE_UP_AFTER {
+            tracing::warn!(server = %addr, last = why, "host-local reads stopped after {n} failures in a row; fetching over the network");
+        } else {
+            tracing::debug!(server = %addr, reason = why, "host-local read failed; fetching the chunk");
+        }
+    }
+
+    /// A chunk of `addr` was read from its file.
+    pub(crate) fn file_read(&self, addr: SocketAddr) {
+        let mut f = self.local_failures.lock();
+        if f.get(&addr).is_some_and(|&n| n < GIVE_UP_AFTER) {
+            f.remove(&addr);
+        }
+    }
 }
 
 /// The parts of a shuffle's split partitions: partition → its parts (part 0 first), each a
@@ -277,6 +316,7 @@ impl ShuffleClient {
                 app_id,
                 busy: Default::default(),
                 splits: Default::default(),
+                local_failures: Default::default(),
             }),
         }
     }

@@ -16,6 +16,46 @@ use crate::{expect_ok, server_addrs, ClientError, ShuffleClient};
 
 type ChunkFuture = BoxFuture<'static, Result<Bytes, ClientError>>;
 
+/// Reads the chunk `at` names from the server's file here (host-local reads): the file must be
+/// the server's one (device and inode, from the open file), hold every span, and still be at its
+/// path once read (a deleted shuffle's files are moved away before they are reused for other
+/// data). A chunk over `most` bytes (the frame limit: no chunk is larger) is refused. Blocking.
+fn read_local(at: &ChunkLocal, most: usize) -> Result<Bytes, String> {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let same = |m: &std::fs::Metadata, what: &str| {
+        if (m.dev(), m.ino()) == (at.device, at.inode) {
+            return Ok(());
+        }
+        Err(format!(
+            "{} {what} (device {}, inode {} against {}, {})",
+            at.path,
+            m.dev(),
+            m.ino(),
+            at.device,
+            at.inode
+        ))
+    };
+    let f = std::fs::File::open(&at.path).map_err(|e| format!("{}: {e}", at.path))?;
+    same(&f.metadata().map_err(|e| format!("{}: {e}", at.path))?, "is another file here")?;
+    let len: usize = at.spans.iter().map(|s| s.length as usize).sum();
+    if len > most {
+        return Err(format!("{}: spans of {len} bytes, over the {most}-byte frames", at.path));
+    }
+    let mut buf = vec![0u8; len];
+    let mut filled = 0;
+    for s in &at.spans {
+        let end = filled + s.length as usize;
+        f.read_exact_at(&mut buf[filled..end], s.offset)
+            .map_err(|e| format!("{} [{}, +{}): {e}", at.path, s.offset, s.length))?;
+        filled = end;
+    }
+    same(
+        &std::fs::metadata(&at.path).map_err(|e| format!("{} after the read: {e}", at.path))?,
+        "was moved or replaced while read",
+    )?;
+    Ok(Bytes::from(buf))
+}
+
 /// Reads one partition's batches for maps `[map_start, map_end)`: each of its parts in turn
 /// when it was split (docs/protocol.md, "Partition splits"), each part checked on its own.
 pub struct PartitionReader {
@@ -188,6 +228,40 @@ impl PartitionReader {
                 (self.client.clone(), self.addr, self.stream_id, self.next_chunk);
             let fut = tokio::spawn(async move {
                 let conn = client.inner.pool.get(addr).await?;
+                if conn.offers_host_local_reads()
+                    && conn.peer_on_this_host()
+                    && client.inner.reads_files_of(addr)
+                {
+                    let ask = FetchChunkLocal { stream_id, chunk_index };
+                    let reply = conn.request(ask.into(), Body::Empty).await?;
+                    let body = reply.body.clone();
+                    let most = conn.max_frame_bytes() as usize;
+                    match expect_ok(reply)? {
+                        // The server sends the bytes of a chunk it cannot name a file of.
+                        Message::ChunkData(c) if c.chunk_index == chunk_index => return Ok(body),
+                        Message::ChunkLocal(at)
+                            if at.chunk_index == chunk_index && at.stream_id == stream_id =>
+                        {
+                            let path = at.path.clone();
+                            let read = tokio::task::spawn_blocking(move || read_local(&at, most));
+                            match read.await {
+                                Ok(Ok(bytes)) => {
+                                    client.inner.file_read(addr);
+                                    return Ok(bytes);
+                                }
+                                Ok(Err(e)) => client.inner.file_read_failed(addr, &e),
+                                Err(e) => {
+                                    client.inner.file_read_failed(addr, &format!("{path}: {e}"))
+                                }
+                            }
+                        }
+                        _ => {
+                            return Err(ClientError::UnexpectedReply(
+                                "FetchChunkLocal wants ChunkLocal or ChunkData",
+                            ))
+                        }
+                    }
+                }
                 let reply =
                     conn.request(FetchChunk { stream_id, chunk_index }.into(), Body::Empty).await?;
                 let body = reply.body.clone();

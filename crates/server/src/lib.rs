@@ -103,23 +103,8 @@ impl Handler for ServerHandler {
         req: Request<Self::Permit>,
     ) -> impl Future<Output = Response> + Send + 'static {
         // Streams are named by id alone, so the transport's check of the named application
-        // (`PeerIdentity::authorize`) cannot see whose they are: their owner is checked here.
-        let stream = match &req.message {
-            Message::FetchChunk(f) => Some(f.stream_id),
-            Message::FetchChunkLocal(f) => Some(f.stream_id),
-            Message::CloseStream(c) => Some(c.stream_id),
-            _ => None,
-        };
-        let refused = stream.and_then(|id| {
-            let owner = self.state.stream_app(id)?;
-            (!conn.identity.may_act_for(&owner)).then(|| {
-                tracing::warn!(identity = %conn.identity, stream = id, "stream of another application refused");
-                Response::error(
-                    ErrorCode::Unauthorized,
-                    format!("stream {id} belongs to another application than {}", conn.identity),
-                )
-            })
-        });
+        // (`PeerIdentity::authorize`) cannot see whose they are: the state checks their owner
+        // against `conn`'s identity as it looks the stream up.
         // The permit is what `admit` made: the reservation (it moves into the partition buffers)
         // and the shuffle.
         let state = self.state.clone();
@@ -132,12 +117,8 @@ impl Handler for ServerHandler {
                 message = FetchChunk { stream_id: f.stream_id, chunk_index: f.chunk_index }.into();
             }
         }
-        async move {
-            match refused {
-                Some(r) => r,
-                None => state.dispatch(message, body, permit, max_frame).await,
-            }
-        }
+        let conn = conn.clone();
+        async move { state.dispatch(conn, message, body, permit, max_frame).await }
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use sluice_proto::message::*;
 use sluice_proto::ErrorCode;
-use sluice_transport::{Body, FileRegion, Response};
+use sluice_transport::{Body, ConnInfo, FileRegion, Response};
 use tokio::sync::Notify;
 
 use crate::config::ServerConfig;
@@ -79,6 +79,11 @@ impl ChunkBody {
             ChunkBody::Object { ranges, .. } => ranges.iter().map(|r| r.end - r.start).sum(),
         }
     }
+}
+
+/// Logs a refused request for another application's stream.
+fn stream_refused(conn: &ConnInfo, stream: u64) {
+    tracing::warn!(identity = %conn.identity, stream, "stream of another application refused");
 }
 
 /// `st_dev` and `st_ino` as the wire carries them (narrower than 64 bits on some systems).
@@ -286,6 +291,7 @@ impl ServerState {
     /// `max_frame` bytes.
     pub(crate) async fn dispatch(
         self: Arc<Self>,
+        conn: Arc<ConnInfo>,
         msg: Message,
         body: Bytes,
         admitted: Option<Admitted>,
@@ -315,12 +321,13 @@ impl ServerState {
             Message::UnregisterShuffle(r) => self.unregister_shuffle(&r.app_id, r.shuffle_id).await,
             Message::CommitShuffle(c) => self.commit(&c.app_id, c.shuffle_id).await,
             Message::OpenStream(o) => self.open_stream(o, max_frame),
-            Message::FetchChunk(f) => self.fetch_chunk(f).await,
-            Message::FetchChunkLocal(f) => self.fetch_chunk_local(f).await,
-            Message::CloseStream(c) => {
-                self.streams.close(c.stream_id);
-                Ok(Response::msg(OkMsg {}))
-            }
+            Message::FetchChunk(f) => self.fetch_chunk(f, &conn).await,
+            Message::FetchChunkLocal(f) => self.fetch_chunk_local(f, &conn).await,
+            Message::CloseStream(c) => self
+                .streams
+                .close_for(c.stream_id, |app| conn.identity.may_act_for(app))
+                .map(|()| Response::msg(OkMsg {}))
+                .inspect_err(|_| stream_refused(&conn, c.stream_id)),
             other => Err(Refusal::new(
                 ErrorCode::InvalidRequest,
                 format!("a server does not take {}", other.msg_type().name()),
@@ -738,9 +745,20 @@ impl ServerState {
         Ok(Response::msg(StreamHandle { stream_id, chunk_lengths, committed }))
     }
 
-    async fn fetch_chunk(&self, f: FetchChunk) -> Result<Response, Refusal> {
-        let chunk = self.streams.fetch(f.stream_id, f.chunk_index, Instant::now())?;
+    async fn fetch_chunk(&self, f: FetchChunk, conn: &ConnInfo) -> Result<Response, Refusal> {
+        let chunk = self.fetch_for(f.stream_id, f.chunk_index, conn)?;
         self.send_chunk(f, chunk).await
+    }
+
+    /// Chunk `index` of stream `id`, for `conn`: another application's stream is refused
+    /// (`UNAUTHORIZED`, and a warning).
+    fn fetch_for(&self, id: u64, index: u32, conn: &ConnInfo) -> Result<ChunkBody, Refusal> {
+        let may_read = |app: &str| conn.identity.may_act_for(app);
+        self.streams.fetch_for(id, index, Instant::now(), may_read).inspect_err(|r| {
+            if r.code() == ErrorCode::Unauthorized {
+                stream_refused(conn, id);
+            }
+        })
     }
 
     /// A chunk's bytes, as the answer to `FetchChunk`.
@@ -761,8 +779,12 @@ impl ServerState {
     /// `FetchChunk`): where the chunk's bytes are in a local file, when host-local reads are on
     /// and the chunk is wholly in one; its bytes otherwise (in the object store; a path that is
     /// not UTF-8; a file `fstat` fails on).
-    async fn fetch_chunk_local(&self, f: FetchChunkLocal) -> Result<Response, Refusal> {
-        let chunk = self.streams.fetch(f.stream_id, f.chunk_index, Instant::now())?;
+    async fn fetch_chunk_local(
+        &self,
+        f: FetchChunkLocal,
+        conn: &ConnInfo,
+    ) -> Result<Response, Refusal> {
+        let chunk = self.fetch_for(f.stream_id, f.chunk_index, conn)?;
         let as_bytes = FetchChunk { stream_id: f.stream_id, chunk_index: f.chunk_index };
         let ChunkBody::Local { body, file } = &chunk else {
             return self.send_chunk(as_bytes, chunk).await;
@@ -998,11 +1020,6 @@ impl ServerState {
     /// Bytes of committed partitions held in the object store now.
     pub(crate) fn offloaded_bytes(&self) -> u64 {
         self.apps.shuffles().iter().map(|s| s.offloaded_bytes()).sum()
-    }
-
-    /// The application whose data open stream `id` reads (`None`: no such stream).
-    pub(crate) fn stream_app(&self, id: u64) -> Option<String> {
-        self.streams.app_of(id)
     }
 
     /// Drops streams that went idle or whose shuffle was deleted.

@@ -186,3 +186,60 @@ async fn with_host_local_reads_off_the_server_sends_the_chunks_bytes() {
     })
     .await
 }
+
+/// The native reader reads every chunk from the server's file (the server sends none), and when
+/// the files' paths stop leading to them (here: the application's directory moved away), fetches
+/// the same bytes over the network.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_native_reader_reads_the_servers_files_and_fetches_when_it_cannot() {
+    bounded("the_native_reader_reads_the_servers_files", 60, async {
+        const APP_N: &str = "app-native-local";
+        const PARTS: u32 = 4;
+        let scratch = Scratch::new();
+        let server = server(&scratch, true);
+        let client = client(APP_N, None);
+        let a = assignment(1, &[server.addr], PARTS);
+        register_direct(&client, &a, MAPS).await.unwrap();
+        for w in spawn_writers(&client, &a, MAPS, 200, 1_000, |m, seq| (m + seq) % PARTS) {
+            w.await.unwrap().unwrap();
+        }
+        client.commit_shuffle(&a).await.unwrap();
+        let count = |m: &std::collections::HashMap<String, f64>, name: &str| metric(m, name);
+
+        let before = server.metrics().await;
+        let mut first = Vec::new();
+        for p in 0..PARTS {
+            let r = read_partition(&client, &a, p, 0, MAPS).await.expect("read");
+            assert_eq!(r.records.len(), (MAPS * 200 / PARTS) as usize, "partition {p}");
+            first.push(r.ids());
+        }
+        let after = server.metrics().await;
+        let local = count(&after, "sluice_server_local_read_chunks_total")
+            - count(&before, "sluice_server_local_read_chunks_total");
+        let sent = count(&after, "sluice_server_fetched_chunks_total")
+            - count(&before, "sluice_server_fetched_chunks_total");
+        assert!(local >= PARTS as f64, "{local} chunks named as file spans");
+        assert_eq!(sent, 0.0, "chunks sent over the network");
+
+        let data = files_under(scratch.path())
+            .into_iter()
+            .find(|f| {
+                f.extension().is_some_and(|e| e == "data") && f.to_string_lossy().contains(APP_N)
+            })
+            .expect("a data file of the application");
+        let app_dir = data.parent().and_then(|d| d.parent()).unwrap().to_path_buf();
+        let moved = app_dir.with_file_name(format!("{APP_N}.moved"));
+        std::fs::rename(&app_dir, &moved).unwrap();
+        let before = server.metrics().await;
+        for (p, ids) in first.iter().enumerate() {
+            let r = read_partition(&client, &a, p as u32, 0, MAPS).await.expect("read again");
+            assert_eq!(&r.ids(), ids, "partition {p} read over the network");
+        }
+        let after = server.metrics().await;
+        std::fs::rename(&moved, &app_dir).unwrap();
+        let sent = count(&after, "sluice_server_fetched_chunks_total")
+            - count(&before, "sluice_server_fetched_chunks_total");
+        assert!(sent >= PARTS as f64, "{sent} chunks sent over the network after the move");
+    })
+    .await
+}

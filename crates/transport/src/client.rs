@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use sluice_proto::message::{AuthProof, Handshake, Pong, FEATURE_CRC32C, MAGIC, PROTOCOL_VERSION};
+use sluice_proto::message::{
+    AuthProof, Handshake, Pong, FEATURE_CRC32C, FEATURE_HOST_LOCAL_READS, MAGIC, PROTOCOL_VERSION,
+};
 use sluice_proto::{
     encode_frame, ErrorCode, Message, HANDSHAKE_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES,
 };
@@ -140,6 +142,10 @@ pub struct Connection {
     reader: AbortHandle,
     peer: SocketAddr,
     max_frame_bytes: u32,
+    /// The feature bits the handshake settled on.
+    features: u64,
+    /// This end's address.
+    local: Option<SocketAddr>,
     request_timeout: Option<Duration>,
     stats: Arc<TransportStats>,
 }
@@ -191,6 +197,7 @@ impl Connection {
         }
         let stream = socket.connect(addr).await.map_err(connect_err)?;
         configure(&stream, cfg.tcp_nodelay, None, None)?;
+        let local = stream.local_addr().ok();
         let idle = millis(cfg.idle_timeout_ms);
         let (rd, mut wr): (Box<dyn AsyncRead + Send + Unpin>, Sink) = match &cfg.tls {
             None => {
@@ -224,7 +231,8 @@ impl Connection {
         let hs = Handshake {
             magic: MAGIC,
             version: PROTOCOL_VERSION,
-            features: FEATURE_CRC32C,
+            features: FEATURE_CRC32C
+                | if cfg.host_local_reads { FEATURE_HOST_LOCAL_READS } else { 0 },
             max_frame_bytes: cfg.max_frame_bytes,
             app_id: cfg.app_id.clone(),
             client_nonce: client_nonce.clone(),
@@ -254,7 +262,7 @@ impl Connection {
             wr.write_all_flush(&frame).await?;
             reply = reader.read_head().await?;
         }
-        let max_frame_bytes = match reply {
+        let (max_frame_bytes, features) = match reply {
             Some((_, Message::HandshakeOk(ok))) => {
                 if !(MIN_MAX_FRAME_BYTES..=cfg.max_frame_bytes).contains(&ok.max_frame_bytes) {
                     return Err(TransportError::Violation(format!(
@@ -262,7 +270,7 @@ impl Connection {
                         ok.max_frame_bytes, cfg.max_frame_bytes
                     )));
                 }
-                ok.max_frame_bytes
+                (ok.max_frame_bytes, ok.features)
             }
             Some((_, Message::Error(e))) => return Err(remote(e)),
             Some((_, other)) => {
@@ -318,6 +326,8 @@ impl Connection {
             reader: reader_abort_on_drop,
             peer: addr,
             max_frame_bytes,
+            features,
+            local,
             request_timeout: millis(cfg.request_timeout_ms),
             stats,
         })
@@ -389,6 +399,20 @@ impl Connection {
     /// The negotiated frame size limit.
     pub fn max_frame_bytes(&self) -> u32 {
         self.max_frame_bytes
+    }
+
+    /// Whether the server offered host-local reads on this connection: it answers
+    /// `FetchChunkLocal` with where the chunk is in its files.
+    pub fn offers_host_local_reads(&self) -> bool {
+        self.features & FEATURE_HOST_LOCAL_READS != 0
+    }
+
+    /// Whether the server is on this host, as this end sees it: connected over loopback, or to
+    /// this end's own address (a proxy in between could make the server think a remote reader
+    /// is local; this side checks too).
+    pub fn peer_on_this_host(&self) -> bool {
+        let ip = self.peer.ip().to_canonical();
+        ip.is_loopback() || self.local.is_some_and(|l| l.ip().to_canonical() == ip)
     }
 
     /// Counters of this connection (shared with its pool, if any).

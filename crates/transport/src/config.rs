@@ -178,6 +178,9 @@ pub struct ClientConfig {
     /// A server that makes no progress on a frame or our writes for this long (ms) is dropped;
     /// 0 disables it.
     pub idle_timeout_ms: u64,
+    /// Ask servers for host-local reads in the handshake (`FEATURE_HOST_LOCAL_READS`): a server
+    /// on this host that offers them names chunks' files, which readers then read themselves.
+    pub host_local_reads: bool,
 }
 
 impl Default for ClientConfig {
@@ -200,6 +203,7 @@ impl Default for ClientConfig {
             max_frames_per_write: IOV_MAX / 2,
             max_bytes_per_write: 1 << 20,
             idle_timeout_ms: 120_000,
+            host_local_reads: true,
         }
     }
 }

@@ -52,12 +52,30 @@ impl<F: Clone, B: Clone> Streams<F, B> {
         id
     }
 
-    /// Chunk `index` of stream `id`, fetched at `now`.
+    /// Chunk `index` of stream `id`, fetched at `now`, whoever asks (the server asks
+    /// [`Self::fetch_for`]).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn fetch(&self, id: u64, index: u32, now: Instant) -> Result<B, Refusal> {
+        self.fetch_for(id, index, now, |_| true)
+    }
+
+    /// [`Self::fetch`] for a reader that may read the data of the applications `may_read`
+    /// accepts: another application's stream is refused `UNAUTHORIZED`. Checked under the
+    /// streams' lock, so a stream that opens just then is checked too.
+    pub fn fetch_for(
+        &self,
+        id: u64,
+        index: u32,
+        now: Instant,
+        may_read: impl Fn(&str) -> bool,
+    ) -> Result<B, Refusal> {
         let mut open = self.open.lock();
         let Some(s) = open.get_mut(&id).filter(|s| !s.shuffle.is_deleted()) else {
             return Err(Refusal::new(ErrorCode::UnknownStream, format!("stream {id} is not open")));
         };
+        if !may_read(s.shuffle.key().app_id()) {
+            return Err(not_yours(id));
+        }
         let Some(c) = s.chunks.get(index as usize) else {
             let why = format!("chunk {index} of {}", s.chunks.len());
             return Err(Refusal::new(ErrorCode::ChunkOutOfRange, why));
@@ -66,15 +84,25 @@ impl<F: Clone, B: Clone> Streams<F, B> {
         Ok(c.clone())
     }
 
-    /// The application whose shuffle stream `id` reads, while it is open: who may fetch from it
-    /// and close it.
-    pub fn app_of(&self, id: u64) -> Option<String> {
-        self.open.lock().get(&id).map(|s| s.shuffle.key().app_id().to_owned())
-    }
-
-    /// Closes stream `id` (a no-op when it is not open).
+    /// Closes stream `id` (a no-op when it is not open), whoever asks (the server asks
+    /// [`Self::close_for`]).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn close(&self, id: u64) {
         self.open.lock().remove(&id);
+    }
+
+    /// [`Self::close`] for a reader that may close the streams of the applications `may_read`
+    /// accepts: another application's stream is refused `UNAUTHORIZED` and stays open.
+    pub fn close_for(&self, id: u64, may_read: impl Fn(&str) -> bool) -> Result<(), Refusal> {
+        let mut open = self.open.lock();
+        match open.get(&id) {
+            Some(s) if !may_read(s.shuffle.key().app_id()) => Err(not_yours(id)),
+            Some(_) => {
+                open.remove(&id);
+                Ok(())
+            }
+            None => Ok(()),
+        }
     }
 
     /// Drops the streams idle for `idle` at `now` and those whose shuffle was deleted; returns
@@ -86,4 +114,9 @@ impl<F: Clone, B: Clone> Streams<F, B> {
         });
         open.len()
     }
+}
+
+/// The refusal of another application's stream.
+fn not_yours(id: u64) -> Refusal {
+    Refusal::new(ErrorCode::Unauthorized, format!("stream {id} belongs to another application"))
 }

@@ -179,8 +179,9 @@ fn a_bad_batch_refuses_the_whole_push() {
     assert_eq!(pushed.result.unwrap_err().code(), ErrorCode::InvalidRequest);
 }
 
-#[test]
-fn a_deleted_shuffle_serves_nothing_and_hands_back_its_files() {
+/// Application "app"'s shuffle 1: one map's batch in partition 0 (file 0), committed, and a
+/// stream open over it.
+fn one_open_stream() -> (Apps<u32>, Streams<u32, u32>, std::sync::Arc<Shuffle<u32>>, u64, Instant) {
     let files = Numbers::default();
     let apps: Apps<u32> = Apps::default();
     let streams: Streams<u32, u32> = Streams::default();
@@ -196,6 +197,12 @@ fn a_deleted_shuffle_serves_nothing_and_hands_back_its_files() {
     let (chunks, _) =
         s.open_stream(&OpenStream { map_end: 1, ..stream(0) }, |f, _| *f.file().unwrap()).unwrap();
     let id = streams.open(s.clone(), chunks, t0);
+    (apps, streams, s, id, t0)
+}
+
+#[test]
+fn a_deleted_shuffle_serves_nothing_and_hands_back_its_files() {
+    let (apps, streams, s, id, t0) = one_open_stream();
     assert_eq!(streams.fetch(id, 0, t0), Ok(0));
     let deleted = apps.unregister_shuffle("app", 1).unwrap().unwrap();
     assert_eq!(deleted.files, vec![0]);
@@ -204,6 +211,19 @@ fn a_deleted_shuffle_serves_nothing_and_hands_back_its_files() {
     assert_eq!(streams.expire(t0, Duration::from_secs(1)), 0, "its streams go");
     assert!(s.partition(0).unwrap().chunks().is_empty());
     assert_eq!(apps.shuffle("app", 1).unwrap_err().code(), ErrorCode::UnknownShuffle);
+}
+
+#[test]
+fn another_applications_stream_is_neither_served_nor_closed() {
+    let (_apps, streams, _shuffle, id, t0) = one_open_stream();
+    let other = |app: &str| app == "other";
+    let own = |app: &str| app == "app";
+    assert_eq!(streams.fetch_for(id, 0, t0, other).unwrap_err().code(), ErrorCode::Unauthorized);
+    assert_eq!(streams.close_for(id, other).unwrap_err().code(), ErrorCode::Unauthorized);
+    assert_eq!(streams.fetch_for(id, 0, t0, own), Ok(0), "still open for its own application");
+    assert_eq!(streams.close_for(id, own), Ok(()));
+    assert_eq!(streams.fetch_for(id, 0, t0, own).unwrap_err().code(), ErrorCode::UnknownStream);
+    assert_eq!(streams.close_for(id, other), Ok(()), "closing a stream not open: a no-op");
 }
 
 #[test]

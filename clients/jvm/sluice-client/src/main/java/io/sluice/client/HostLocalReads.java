@@ -29,15 +29,20 @@ import org.slf4j.LoggerFactory;
  * <p>A server is asked when its address is one of this host's (loopback, or an interface's). A
  * reader that cannot use an answer (the path names no file here, or another file than the
  * server's: another mount namespace; a read fails or ends early) fetches that chunk over the
- * network, and every reader of the process does so for that server from then on: the first
- * failure is logged once as a warning.
+ * network; after {@link #GIVE_UP_AFTER} such chunks of a server in a row every reader of the
+ * process does so for that server from then on, with one warning.
  */
 final class HostLocalReads {
   private static final Logger LOG = LoggerFactory.getLogger(HostLocalReads.class);
 
+  /** Chunks in a row that could not be read from a server's files before it is given up on. */
+  static final int GIVE_UP_AFTER = 3;
+
   private final boolean enabled;
   /** By host:port: whether to ask it (false: not on this host, or given up on). */
   private final ConcurrentHashMap<String, Boolean> ask = new ConcurrentHashMap<>();
+  /** By host:port: chunks in a row its files failed to give. */
+  private final ConcurrentHashMap<String, Integer> failures = new ConcurrentHashMap<>();
   private final LongAdder bytesRead = new LongAdder();
 
   HostLocalReads(boolean enabled) {
@@ -54,11 +59,26 @@ final class HostLocalReads {
         : ask.computeIfAbsent(server.hostPort(), k -> onThisHost(server.host()));
   }
 
-  /** Stops asking {@code server}: one of its answers could not be read here. */
-  void giveUp(ShuffleAssignment.Server server, String why) {
-    if (!Boolean.FALSE.equals(ask.put(server.hostPort(), false))) {
-      LOG.warn("host-local reads from {} stopped ({}); its chunks are fetched over the network",
-          server.hostPort(), why);
+  /**
+   * A chunk of {@code server} could not be read from its file (it is fetched instead). A file can
+   * go for ordinary reasons (its partition moved to the object store, its shuffle deleted), so
+   * only {@link #GIVE_UP_AFTER} failures in a row stop the asking: then its files are not
+   * readable here (another mount namespace, another user's files).
+   */
+  void failed(ShuffleAssignment.Server server, String why) {
+    int n = failures.merge(server.hostPort(), 1, Integer::sum);
+    if (n < GIVE_UP_AFTER) {
+      LOG.debug("host-local read from {} failed ({}); fetching the chunk", server.hostPort(), why);
+    } else if (!Boolean.FALSE.equals(ask.put(server.hostPort(), false))) {
+      LOG.warn("host-local reads from {} stopped after {} failures in a row (the last: {}); its "
+          + "chunks are fetched over the network", server.hostPort(), n, why);
+    }
+  }
+
+  /** A chunk of {@code server} was read from its file. */
+  void succeeded(ShuffleAssignment.Server server) {
+    if (!failures.isEmpty()) {
+      failures.remove(server.hostPort());
     }
   }
 
@@ -105,6 +125,12 @@ final class HostLocalReads {
         throw new IOException("the spans hold " + len + " bytes, the stream handle said "
             + expected);
       }
+      for (ChunkLocal.FileSpan s : c.spans()) {
+        if (s.offset() < 0 || s.length() < 0) {
+          throw new IOException("span [" + Long.toUnsignedString(s.offset()) + ", +"
+              + Integer.toUnsignedString(s.length()) + ") out of range");
+        }
+      }
       FileChannel ch = open(c);
       ByteBuf buf = bodies.take(TransportClientFactory.ALLOCATOR, (int) len);
       try {
@@ -122,6 +148,10 @@ final class HostLocalReads {
           }
           buf.writerIndex(buf.writerIndex() + n);
         }
+        // Still the server's file once read: a deleted shuffle's files are moved away (to be
+        // reused for other data) before anything else is written to them, so a file the path
+        // still names was this chunk's all along.
+        check(c, Path.of(c.path()), "was moved or replaced while read");
       } catch (IOException | RuntimeException e) {
         buf.release();
         throw e;
@@ -140,23 +170,29 @@ final class HostLocalReads {
       Path p = Path.of(c.path());
       FileChannel ch = FileChannel.open(p, StandardOpenOption.READ);
       try {
-        // Opened first, then looked up: a file renamed over the path in between shows here.
-        Map<String, Object> a = Files.readAttributes(p, "unix:dev,ino");
-        long dev = (Long) a.get("dev");
-        long ino = (Long) a.get("ino");
-        if (dev != c.device() || ino != c.inode()) {
-          throw new IOException(c.path() + " here is another file than the server's (device "
-              + dev + ", inode " + ino + " against " + c.device() + ", " + c.inode() + ")");
-        }
+        // Opened, then looked up by path: Java cannot ask the open file. A file put in its
+        // place in between fails the check after the read.
+        check(c, p, "is another file here than the server's");
       } catch (IOException | RuntimeException e) {
         ch.close();
-        throw e instanceof IOException io ? io : new IOException(e.toString(), e);
+        throw e;
       }
       path = c.path();
       device = c.device();
       inode = c.inode();
       channel = ch;
       return ch;
+    }
+
+    /** Throws unless {@code p} names the file {@code c} names (device and inode). */
+    private static void check(ChunkLocal c, Path p, String what) throws IOException {
+      Map<String, Object> a = Files.readAttributes(p, "unix:dev,ino");
+      long dev = (Long) a.get("dev");
+      long ino = (Long) a.get("ino");
+      if (dev != c.device() || ino != c.inode()) {
+        throw new IOException(c.path() + " " + what + " (device " + dev + ", inode " + ino
+            + " against " + c.device() + ", " + c.inode() + ")");
+      }
     }
 
     @Override

@@ -14,6 +14,7 @@ import io.sluice.protocol.OpenStream;
 import io.sluice.protocol.ProtocolException;
 import io.sluice.protocol.StreamHandle;
 import java.io.IOException;
+import java.nio.channels.ClosedByInterruptException;
 import java.util.ArrayDeque;
 import java.util.BitSet;
 import java.util.HashMap;
@@ -290,17 +291,26 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
       try {
         ByteBuf body = localFiles.read(local, factory.bodyBuffers(),
             Integer.toUnsignedLong(chunkLengths.get(index)));
+        hostLocal.succeeded(server());
         chunkFromFile = true;
         return new Frame(0, new ChunkData(streamId, index), body);
-      } catch (IOException e) {
+      } catch (IOException | RuntimeException e) {
         localFiles.close();
-        hostLocal.giveUp(server(), "reading chunk " + index + " of shuffle " + shuffleId
-            + " partition " + partition + " from " + local.path() + ": " + e.getMessage());
+        if (e instanceof ClosedByInterruptException || Thread.currentThread().isInterrupted()) {
+          // The task was killed (a speculative copy that lost, a cancelled job): not the file.
+          throw new SluiceException(ErrorCode.INTERNAL, "interrupted", e);
+        }
+        hostLocal.failed(server(), "chunk " + index + " of shuffle " + shuffleId + " partition "
+            + partition + " from " + local.path() + ": " + e);
       }
     }
+    CompletableFuture<Frame> f = client.request(new FetchChunk(streamId, index), null);
     long start = System.nanoTime();
     try {
-      return TransportClient.await(client.request(new FetchChunk(streamId, index), null));
+      return TransportClient.await(f);
+    } catch (RuntimeException e) {
+      releaseOnArrival(f);
+      throw e;
     } finally {
       fetchWaitNanos += System.nanoTime() - start;
     }
@@ -337,10 +347,11 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
     }
     try {
       TransportClient c = factory.getClient(server());
+      boolean local = hostLocal.ask(server()); // here: it may look the host up, once
       ahead = c.call(new OpenStream(appId, shuffleId, partition, mapStart, mapEnd, attempts))
           .thenApply(m -> new Ahead(c, m, m instanceof StreamHandle h
               && !h.chunkLengths().isEmpty()
-              ? c.request(chunkRequest(c, h.streamId(), 0), null) : null));
+              ? c.request(chunkRequest(c, local, h.streamId(), 0), null) : null));
     } catch (RuntimeException e) {
       LOG.debug("opening shuffle {} partition {}{} ahead failed ({}); it opens when read",
           shuffleId, partition, part, e.toString());
@@ -442,17 +453,19 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
 
   private void requestAhead(int window) {
     while (inFlight.size() < window && nextToFetch < chunkLengths.size()) {
-      inFlight.add(client.request(chunkRequest(client, streamId, nextToFetch++), null));
+      inFlight.add(client.request(
+          chunkRequest(client, hostLocal.ask(server()), streamId, nextToFetch++), null));
     }
   }
 
   /**
    * The request of a chunk over {@code c}: as regions of the server's files when it offered that
-   * on the connection and is on this host, and no reader gave up on reading its files.
+   * on the connection and {@code local} (it is on this host, and no reader gave up on reading its
+   * files: {@link HostLocalReads#ask}).
    */
-  private Message chunkRequest(TransportClient c, long stream, int index) {
-    return c.offersHostLocalReads() && hostLocal.ask(server())
-        ? new FetchChunkLocal(stream, index) : new FetchChunk(stream, index);
+  private static Message chunkRequest(TransportClient c, boolean local, long stream, int index) {
+    return local && c.offersHostLocalReads() ? new FetchChunkLocal(stream, index)
+        : new FetchChunk(stream, index);
   }
 
   /** Checks a fetched chunk and queues its batches that pass the filter. */

@@ -95,7 +95,6 @@ public final class TransportClient implements AutoCloseable {
     return peer;
   }
 
-  /** Whether the connection is open. */
   /**
    * Whether the server offered host-local reads on this connection: it answers {@link
    * io.sluice.protocol.FetchChunkLocal} with where the chunk is in its files.
@@ -104,6 +103,7 @@ public final class TransportClient implements AutoCloseable {
     return (features & Handshake.FEATURE_HOST_LOCAL_READS) != 0;
   }
 
+  /** Whether the connection is open. */
   public boolean isActive() {
     return channel.isActive();
   }

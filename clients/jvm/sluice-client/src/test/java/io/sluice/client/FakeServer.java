@@ -95,6 +95,8 @@ final class FakeServer implements AutoCloseable {
   volatile java.nio.file.Path hostLocalDir;
   /** With hostLocalDir: name another inode than the file's (a file the reader must not read). */
   volatile boolean hostLocalWrongInode;
+  /** With hostLocalDir: while positive, name a file that is not there (and count down). */
+  final AtomicInteger hostLocalMissing = new AtomicInteger();
   /** FetchChunk and FetchChunkLocal requests served. */
   final AtomicInteger chunkFetches = new AtomicInteger();
   final AtomicInteger localChunkFetches = new AtomicInteger();
@@ -395,8 +397,10 @@ final class FakeServer implements AutoCloseable {
         var attrs = java.nio.file.Files.readAttributes(file, "unix:dev,ino");
         long ino = (Long) attrs.get("ino") + (hostLocalWrongInode ? 1 : 0);
         int half = b.length / 2;
+        String named = hostLocalMissing.getAndUpdate(x -> Math.max(0, x - 1)) > 0
+            ? file.toAbsolutePath() + ".gone" : file.toAbsolutePath().toString();
         return new Object[] {new io.sluice.protocol.ChunkLocal(fl.streamId(), fl.chunkIndex(),
-            file.toAbsolutePath().toString(), (Long) attrs.get("dev"), ino, List.of(
+            named, (Long) attrs.get("dev"), ino, List.of(
                 new io.sluice.protocol.ChunkLocal.FileSpan(100, half),
                 new io.sluice.protocol.ChunkLocal.FileSpan(100 + half, b.length - half))), null};
       } catch (java.io.IOException e) {
