@@ -179,9 +179,13 @@ fn a_bad_batch_refuses_the_whole_push() {
     assert_eq!(pushed.result.unwrap_err().code(), ErrorCode::InvalidRequest);
 }
 
+/// What [`one_open_stream`] makes: the applications, the streams, the shuffle, the stream's id and
+/// the time it opened.
+type OneStream = (Apps<u32>, Streams<u32, u32>, std::sync::Arc<Shuffle<u32>>, u64, Instant);
+
 /// Application "app"'s shuffle 1: one map's batch in partition 0 (file 0), committed, and a
 /// stream open over it.
-fn one_open_stream() -> (Apps<u32>, Streams<u32, u32>, std::sync::Arc<Shuffle<u32>>, u64, Instant) {
+fn one_open_stream() -> OneStream {
     let files = Numbers::default();
     let apps: Apps<u32> = Apps::default();
     let streams: Streams<u32, u32> = Streams::default();
