@@ -185,6 +185,7 @@ def run_point(args, point, spark, work, modes):
             for mode in modes:
                 load = bench.wait_for_quiet(args.max_load, args.load_wait)
                 cpu0 = bench.cpu_seconds(servers[mode])
+                chunks0 = chunk_counters(sluice) if mode == "sluice" else {}
                 cmd = [sys.executable, __file__, "--child", "--mode", mode, "--master", spark.url,
                        "--coordinator", sluice.coordinator, "--gib", str(gib), "--partitions",
                        str(parts), "--maps", str(maps), "--extra-conf", json.dumps(extra[mode])]
@@ -203,10 +204,16 @@ def run_point(args, point, spark, work, modes):
                 r["server_cpu_s"] = (samplers[mode].between(
                     r["stages"][0]["submitted_ms"] / 1000, r["stages"][-1]["completed_ms"] / 1000)
                     if mode in samplers else 0.0)
+                if mode == "sluice":
+                    # Over the application (the untimed check included): how the chunks went.
+                    r["chunks"] = {k: v - chunks0[k] for k, v in chunk_counters(sluice).items()}
                 runs.append(r)
+                chunks = ("  chunks sent {sent:.0f}, read from the servers' files {local:.0f}"
+                          .format(**r["chunks"]) if "chunks" in r else "")
                 print(f"{gib:g} GiB {parts} partitions {maps} maps  run {i + 1} {mode:<8} "
                       f"load {load:.2f}  {r['wall']:.1f} s  servers' CPU {r['server_cpu_s']:.1f} s "
-                      f"in the job, {r['server_cpu_app_s']:.1f} s in the application", flush=True)
+                      f"in the job, {r['server_cpu_app_s']:.1f} s in the application{chunks}",
+                      flush=True)
         rss = {m: peak_rss_mib(p) for m, p in servers.items()}
         if args.verify:
             verify(point, runs, int(gib * (1 << 30) / ROW_BYTES))
@@ -217,6 +224,13 @@ def run_point(args, point, spark, work, modes):
             celeborn.stop()
         sluice.stop()
     return runs, rss
+
+
+def chunk_counters(sluice):
+    """Chunks the Sluice servers sent (FetchChunk) and named as file spans (host-local reads)."""
+    c = sluice.counters()
+    return {"sent": c.get("sluice_server_fetched_chunks_total", 0.0),
+            "local": c.get("sluice_server_local_read_chunks_total", 0.0)}
 
 
 def summarize(point, runs, rss, modes):

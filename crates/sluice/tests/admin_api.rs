@@ -34,6 +34,8 @@ const SERVER_METRICS: &[&str] = &[
     "sluice_server_streams_opened_total",
     "sluice_server_fetched_chunks_total",
     "sluice_server_fetched_bytes_total",
+    "sluice_server_local_read_chunks_total",
+    "sluice_server_local_read_bytes_total",
     "sluice_server_request_errors_total",
     "sluice_server_requests_unauthorized_total",
     "sluice_server_handshakes_failed_total",
