@@ -34,14 +34,15 @@ browser:
 	  || echo "STATUS PAGE BROWSER TEST NOT RUN: chromium could not be installed (apt-get install chromium)" >&2; }
 
 # The S3-compatible server the object-store tests start (crates/sluice/tests/object_store.rs):
-# s3s-fs from crates.io, built into target/tools/bin (about 4 minutes on 2 cores, once; a newer
-# s3s-fs wants a newer rustc than 1.95). Without it those tests are reported as ignored,
+# s3s-fs from crates.io, built unoptimised (`--debug`: the tests need it to be right, not fast)
+# into target/tools/bin (about 1 minute on 2 cores, once, where an optimised build took 4.5; a
+# newer s3s-fs wants a newer rustc than 1.95). Without it those tests are reported as ignored,
 # "OBJECT STORE TESTS NOT RUN".
 S3S_FS := target/tools/bin/s3s-fs
 S3S_FS_VERSION := 0.14.1
 
 s3-server: deps
-	@test -x $(S3S_FS) || $(CARGO) install s3s-fs --version $(S3S_FS_VERSION) --features binary --locked --root target/tools \
+	@test -x $(S3S_FS) || $(CARGO) install s3s-fs --version $(S3S_FS_VERSION) --features binary --locked --debug --root target/tools \
 	  || echo "OBJECT STORE TESTS NOT RUN: s3s-fs could not be installed (cargo install s3s-fs --features binary)" >&2
 
 # The MiniDFSCluster the HDFS test starts (crates/sluice/tests/hdfs.rs): tests/hdfs compiled
