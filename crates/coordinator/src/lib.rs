@@ -146,8 +146,11 @@ pub struct ServerInfo {
     pub partitions_held: u32,
     /// Push rate at its last heartbeat: a busy server scores worse.
     pub push_bytes_per_s: u64,
-    /// Partitions assigned since its last heartbeat (not yet in `partitions_held`).
+    /// Partitions assigned since its last heartbeat (not yet in `partitions_held`), less those
+    /// of shuffles unregistered since then.
     pub assigned_since_heartbeat: u32,
+    /// Since when `assigned_since_heartbeat` counts (its last heartbeat, or when it joined).
+    pub promised_since: Instant,
     /// Total size of its data directories, from its registration.
     pub disk_capacity_bytes: u64,
     /// Its last [`ServerStatus`] (drain state, shuffles held, disks); `None` from a server that
@@ -282,6 +285,25 @@ struct View {
 }
 
 impl View {
+    /// A shuffle is unregistered: the partitions its assignment promised to servers that have
+    /// not sent a heartbeat since no longer count against them. (Registering and unregistering
+    /// shuffles between two heartbeats, as a probe does, would otherwise make a server look
+    /// loaded until its next one, and the next shuffle would pass it over.) Promises a heartbeat
+    /// has since replaced are its `partitions_held`, which says what the server holds.
+    fn release_promises(&mut self, shuffle: &Registered) {
+        let a = &shuffle.assignment;
+        for loc in &a.partitions {
+            for i in [loc.primary, loc.replica] {
+                let Some(addr) = a.servers.get(i as usize) else { continue };
+                if let Some(s) = self.servers.get_mut(&addr.server_id) {
+                    if shuffle.since >= s.promised_since {
+                        s.assigned_since_heartbeat = s.assigned_since_heartbeat.saturating_sub(1);
+                    }
+                }
+            }
+        }
+    }
+
     /// The quota reports of servers heard from within `timeout`, themselves not older.
     fn live_quota_reports(
         &self,
@@ -428,6 +450,7 @@ impl Coordinator {
                         s.partitions_held = h.partitions_held;
                         s.push_bytes_per_s = h.push_bytes_per_s;
                         s.assigned_since_heartbeat = 0;
+                        s.promised_since = Instant::now();
                     },
                 );
                 Ok(OkMsg {}.into())
@@ -450,7 +473,13 @@ impl Coordinator {
             Message::UnregisterApp(r) => {
                 let mut v = self.view.lock();
                 v.apps.remove(&r.app_id);
-                v.shuffles.retain(|(a, _), _| *a != r.app_id);
+                let gone: Vec<(String, u32)> =
+                    v.shuffles.keys().filter(|(a, _)| *a == r.app_id).cloned().collect();
+                for key in gone {
+                    if let Some(shuffle) = v.shuffles.remove(&key) {
+                        v.release_promises(&shuffle);
+                    }
+                }
                 Ok(OkMsg {}.into())
             }
             Message::RegisterShuffle(r) => self.register_shuffle(r),
@@ -464,7 +493,10 @@ impl Coordinator {
                 }
             }
             Message::UnregisterShuffle(u) => {
-                self.view.lock().shuffles.remove(&(u.app_id, u.shuffle_id));
+                let mut v = self.view.lock();
+                if let Some(shuffle) = v.shuffles.remove(&(u.app_id, u.shuffle_id)) {
+                    v.release_promises(&shuffle);
+                }
                 Ok(OkMsg {}.into())
             }
             Message::ShuffleSync(s) => Ok(self.apply_sync(s)),
@@ -505,6 +537,7 @@ impl Coordinator {
                 partitions_held: 0,
                 push_bytes_per_s: 0,
                 assigned_since_heartbeat: 0,
+                promised_since: Instant::now(),
                 disk_capacity_bytes: 0,
                 status: None,
                 drain_mark: None,
@@ -1046,6 +1079,7 @@ mod tests {
             partitions_held: held,
             push_bytes_per_s: 0,
             assigned_since_heartbeat: 0,
+            promised_since: Instant::now(),
             disk_capacity_bytes: 0,
             status: None,
             drain_mark: None,
@@ -1075,6 +1109,60 @@ mod tests {
         let mut s = vec![server("a", 50, 10), server("b", 0, 100)];
         let locs = assign(&mut s, 10, 1);
         assert!(locs.iter().all(|l| l.primary == 1), "loaded server a should get nothing");
+    }
+
+    /// Servers with a primary partition of `shuffle` (by id), registered with `n` partitions.
+    fn primaries(c: &Coordinator, app: &str, shuffle: u32, n: u32) -> Vec<String> {
+        let reg = RegisterShuffle {
+            app_id: app.into(),
+            shuffle_id: shuffle,
+            num_maps: 1,
+            num_partitions: n,
+            replication: 1,
+        };
+        let Message::Assignment(a) = c.handle(reg.into()) else { panic!("not assigned") };
+        let mut ids: Vec<String> =
+            a.partitions.iter().map(|l| a.servers[l.primary as usize].server_id.clone()).collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+
+    #[test]
+    fn an_unregistered_shuffles_partitions_stop_counting_against_its_servers() {
+        // A probe registers and unregisters a wide shuffle while only s1 has joined (as the
+        // tests' `wait_registered` does), then s2 and s3 join: a 4-partition shuffle must still
+        // use all three (the probe's 24 partitions once made s1 look loaded until its next
+        // heartbeat, and the shuffle passed it over).
+        let c = Coordinator::new(CoordinatorConfig::default()).unwrap();
+        beat(&c, "s1", 1, 1 << 30);
+        assert_eq!(primaries(&c, "probe", 9, 24), ["s1"]);
+        let forget = UnregisterShuffle { app_id: "probe".into(), shuffle_id: 9 };
+        assert!(matches!(c.handle(forget.into()), Message::Ok(_)));
+        beat(&c, "s2", 2, 1 << 30);
+        beat(&c, "s3", 3, 1 << 30);
+        assert_eq!(primaries(&c, "job", 1, 4), ["s1", "s2", "s3"]);
+        // The same through UnregisterApp.
+        assert_eq!(primaries(&c, "probe", 9, 60), ["s1", "s2", "s3"]);
+        assert!(matches!(
+            c.handle(UnregisterApp { app_id: "probe".into() }.into()),
+            Message::Ok(_)
+        ));
+        let promised = |id: &str| c.view.lock().servers[id].assigned_since_heartbeat;
+        // `job`'s four partitions are all that is promised now.
+        assert_eq!(promised("s1") + promised("s2") + promised("s3"), 4);
+        // A heartbeat replaces the promises before it (the server's own count says what it
+        // holds): unregistering `job` afterwards takes nothing off s1's new count.
+        beat(&c, "s1", 1, 1 << 30);
+        assert_eq!(promised("s1"), 0);
+        primaries(&c, "other", 2, 3);
+        let s1_other = promised("s1");
+        let others_before = promised("s2") + promised("s3");
+        let forget = UnregisterShuffle { app_id: "job".into(), shuffle_id: 1 };
+        assert!(matches!(c.handle(forget.into()), Message::Ok(_)));
+        assert_eq!(promised("s1"), s1_other, "only `other`'s, promised after the heartbeat");
+        let job_elsewhere = 4 - 2; // `job` put 2 of its 4 on s1 (the first and the fourth)
+        assert_eq!(promised("s2") + promised("s3"), others_before - job_elsewhere);
     }
 
     #[test]
