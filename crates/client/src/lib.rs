@@ -179,33 +179,73 @@ pub(crate) struct Inner {
     /// Parts of split partitions per committed shuffle, as readers learned them (parts never
     /// change after the commit; forgotten when the shuffle is unregistered).
     pub splits: parking_lot::Mutex<std::collections::HashMap<u32, Arc<Parts>>>,
-    /// Host-local reads: per server, chunks in a row its files failed to give (at
-    /// [`GIVE_UP_AFTER`] its chunks are fetched over the network from then on).
-    pub local_failures: parking_lot::Mutex<std::collections::HashMap<SocketAddr, u32>>,
+    /// Host-local reads: per server, how its files have been failing (see [`GIVE_UP_AFTER`]).
+    pub local_failures: parking_lot::Mutex<std::collections::HashMap<SocketAddr, FileFailures>>,
 }
 
-/// Chunks in a row that could not be read from a server's files before readers stop asking it.
-/// A file can go for ordinary reasons (its partition moved to the object store, its shuffle
-/// deleted); failures in a row mean its files are not readable here.
+/// Chunks in a row that could not be read from a server's files before readers stop asking it
+/// for [`ASK_AGAIN_AFTER`]. A file can go for ordinary reasons (its partition moved to the object
+/// store, its shuffle deleted); failures in a row mean its files are not readable here (another
+/// mount namespace, permissions) — for now: a pause, not for good, so that a passing cause
+/// (prefetched chunks of a partition being moved, say) does not cost the process its local reads.
 pub const GIVE_UP_AFTER: u32 = 3;
+
+/// How long readers fetch a server's chunks over the network after [`GIVE_UP_AFTER`] failures.
+pub const ASK_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// One server's host-local read failures.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct FileFailures {
+    /// Chunks in a row its files failed to give.
+    in_a_row: u32,
+    /// Since when readers have stopped asking (at [`GIVE_UP_AFTER`] in a row).
+    paused_at: Option<std::time::Instant>,
+    /// Whether readers ever stopped asking it (the first time is a warning, later ones not).
+    paused_before: bool,
+}
 
 impl Inner {
     /// Whether to ask `addr` for chunks as regions of its files (besides its offer, see
-    /// [`sluice_transport::Connection::offers_host_local_reads`]): readers have not given up.
+    /// [`sluice_transport::Connection::offers_host_local_reads`]): readers have not stopped, or
+    /// stopped [`ASK_AGAIN_AFTER`] ago (then they try again, [`GIVE_UP_AFTER`] more chunks).
     pub(crate) fn reads_files_of(&self, addr: SocketAddr) -> bool {
-        self.local_failures.lock().get(&addr).is_none_or(|&n| n < GIVE_UP_AFTER)
+        self.reads_files_at(addr, std::time::Instant::now())
+    }
+
+    /// [`Self::reads_files_of`] at `now`.
+    fn reads_files_at(&self, addr: SocketAddr, now: std::time::Instant) -> bool {
+        let mut f = self.local_failures.lock();
+        let Some(n) = f.get_mut(&addr) else { return true };
+        match n.paused_at {
+            Some(at) if now.saturating_duration_since(at) < ASK_AGAIN_AFTER => false,
+            Some(_) => {
+                n.paused_at = None;
+                n.in_a_row = 0;
+                true
+            }
+            None => true,
+        }
     }
 
     /// A chunk of `addr` could not be read from its file (it is fetched instead).
     pub(crate) fn file_read_failed(&self, addr: SocketAddr, why: &str) {
-        let n = {
+        let (paused, before) = {
             let mut f = self.local_failures.lock();
-            let n = f.entry(addr).or_insert(0);
-            *n += 1;
-            *n
+            let n = f.entry(addr).or_default();
+            n.in_a_row += 1;
+            let pause = n.in_a_row == GIVE_UP_AFTER && n.paused_at.is_none();
+            let before = n.paused_before;
+            if pause {
+                n.paused_at = Some(std::time::Instant::now());
+                n.paused_before = true;
+            }
+            (pause, before)
         };
-        if n == GIVE_UP_AFTER {
-            tracing::warn!(server = %addr, last = why, "host-local reads stopped after {n} failures in a row; fetching over the network");
+        let secs = ASK_AGAIN_AFTER.as_secs();
+        if paused && !before {
+            tracing::warn!(server = %addr, last = why, "host-local reads stopped after {GIVE_UP_AFTER} failures in a row; fetching over the network, asking again in {secs} s");
+        } else if paused {
+            tracing::debug!(server = %addr, last = why, "host-local reads stopped again after {GIVE_UP_AFTER} failures in a row; asking again in {secs} s");
         } else {
             tracing::debug!(server = %addr, reason = why, "host-local read failed; fetching the chunk");
         }
@@ -213,9 +253,8 @@ impl Inner {
 
     /// A chunk of `addr` was read from its file.
     pub(crate) fn file_read(&self, addr: SocketAddr) {
-        let mut f = self.local_failures.lock();
-        if f.get(&addr).is_some_and(|&n| n < GIVE_UP_AFTER) {
-            f.remove(&addr);
+        if let Some(n) = self.local_failures.lock().get_mut(&addr) {
+            n.in_a_row = 0;
         }
     }
 }
@@ -691,4 +730,40 @@ pub(crate) fn copies_lost(
 /// Back-off for the n-th retry (0-based), doubling from `base_ms`, capped at 2 s.
 pub(crate) fn backoff(base_ms: u64, attempt: u32) -> Duration {
     Duration::from_millis(base_ms.saturating_mul(1 << attempt.min(10)).min(2_000))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_local_failures_in_a_row_pause_the_asking_for_a_while_not_for_good() {
+        let c = ShuffleClient::new("app", ClientOptions::default());
+        let (inner, addr) = (&c.inner, "127.0.0.1:7001".parse().unwrap());
+        assert!(inner.reads_files_of(addr));
+        for _ in 0..GIVE_UP_AFTER - 1 {
+            inner.file_read_failed(addr, "gone");
+        }
+        inner.file_read(addr); // a read in between: the count starts again
+        for _ in 0..GIVE_UP_AFTER - 1 {
+            inner.file_read_failed(addr, "gone");
+        }
+        assert!(inner.reads_files_of(addr), "not yet {GIVE_UP_AFTER} in a row");
+        inner.file_read_failed(addr, "gone");
+        let paused = std::time::Instant::now();
+        assert!(!inner.reads_files_of(addr), "paused");
+        inner.file_read_failed(addr, "a prefetched chunk's failure meanwhile");
+        let almost = paused + ASK_AGAIN_AFTER - std::time::Duration::from_secs(1);
+        assert!(!inner.reads_files_at(addr, almost), "still paused");
+        let later = paused + ASK_AGAIN_AFTER + std::time::Duration::from_secs(1);
+        assert!(inner.reads_files_at(addr, later), "asked again once the pause is over");
+        inner.file_read_failed(addr, "gone"); // a fresh count: one does not pause it again
+        assert!(inner.reads_files_at(addr, later));
+        for _ in 0..GIVE_UP_AFTER - 1 {
+            inner.file_read_failed(addr, "gone");
+        }
+        assert!(!inner.reads_files_of(addr), "paused again after {GIVE_UP_AFTER}");
+        let other = "127.0.0.1:7002".parse().unwrap();
+        assert!(inner.reads_files_of(other), "per server");
+    }
 }

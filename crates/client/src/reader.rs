@@ -17,11 +17,13 @@ use crate::{expect_ok, server_addrs, ClientError, ShuffleClient};
 type ChunkFuture = BoxFuture<'static, Result<Bytes, ClientError>>;
 
 /// Reads the chunk `at` names from the server's file here (host-local reads): the file must be
-/// the server's one (device and inode, from the open file), hold every span, and still be at its
-/// path once read (a deleted shuffle's files are moved away before they are reused for other
-/// data). A chunk over `most` bytes (the frame limit: no chunk is larger) is refused. Blocking.
-fn read_local(at: &ChunkLocal, most: usize) -> Result<Bytes, String> {
-    use std::os::unix::fs::{FileExt, MetadataExt};
+/// the server's one (a regular file, device and inode from the open file), its spans must add up
+/// to the `expect` bytes the stream's handle gave for the chunk and hold them, and it must still
+/// be at its path once read (a deleted shuffle's files are moved away before they are reused for
+/// other data). A chunk over `most` bytes (the frame limit: no chunk is larger) is refused.
+/// Blocking (but an open never waits: not on a FIFO put at the path, not through a symlink).
+fn read_local(at: &ChunkLocal, expect: u32, most: usize) -> Result<Bytes, String> {
+    use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
     let same = |m: &std::fs::Metadata, what: &str| {
         if (m.dev(), m.ino()) == (at.device, at.inode) {
             return Ok(());
@@ -35,12 +37,26 @@ fn read_local(at: &ChunkLocal, most: usize) -> Result<Bytes, String> {
             at.inode
         ))
     };
-    let f = std::fs::File::open(&at.path).map_err(|e| format!("{}: {e}", at.path))?;
-    same(&f.metadata().map_err(|e| format!("{}: {e}", at.path))?, "is another file here")?;
     let len: usize = at.spans.iter().map(|s| s.length as usize).sum();
+    if len != expect as usize {
+        return Err(format!(
+            "{}: spans of {len} bytes where the stream's chunk has {expect}",
+            at.path
+        ));
+    }
     if len > most {
         return Err(format!("{}: spans of {len} bytes, over the {most}-byte frames", at.path));
     }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(&at.path)
+        .map_err(|e| format!("{}: {e}", at.path))?;
+    let m = f.metadata().map_err(|e| format!("{}: {e}", at.path))?;
+    if !m.is_file() {
+        return Err(format!("{}: not a regular file", at.path));
+    }
+    same(&m, "is another file here")?;
     let mut buf = vec![0u8; len];
     let mut filled = 0;
     for s in &at.spans {
@@ -82,6 +98,8 @@ pub struct PartitionReader {
     delivered: HashSet<(u32, u32)>,
     next_chunk: u32,
     chunk_count: u32,
+    /// The length of each chunk of the stream read now, as its handle gave them.
+    chunk_lengths: std::sync::Arc<[u32]>,
     inflight: VecDeque<ChunkFuture>,
     ready: VecDeque<Bytes>,
     finished: bool,
@@ -164,6 +182,7 @@ impl PartitionReader {
             delivered: HashSet::new(),
             next_chunk: 0,
             chunk_count: handle.chunk_lengths.len() as u32,
+            chunk_lengths: handle.chunk_lengths.into(),
             inflight: VecDeque::new(),
             ready: VecDeque::new(),
             finished: false,
@@ -212,6 +231,7 @@ impl PartitionReader {
         self.seen.clear();
         self.next_chunk = 0;
         self.chunk_count = handle.chunk_lengths.len() as u32;
+        self.chunk_lengths = handle.chunk_lengths.into();
         self.inflight.clear();
         self.finished = false;
         self.reopened = 0;
@@ -226,6 +246,7 @@ impl PartitionReader {
         while self.inflight.len() < depth && self.next_chunk < self.chunk_count {
             let (client, addr, stream_id, chunk_index) =
                 (self.client.clone(), self.addr, self.stream_id, self.next_chunk);
+            let expect = self.chunk_lengths.get(chunk_index as usize).copied().unwrap_or(0);
             let fut = tokio::spawn(async move {
                 let conn = client.inner.pool.get(addr).await?;
                 if conn.offers_host_local_reads()
@@ -243,7 +264,8 @@ impl PartitionReader {
                             if at.chunk_index == chunk_index && at.stream_id == stream_id =>
                         {
                             let path = at.path.clone();
-                            let read = tokio::task::spawn_blocking(move || read_local(&at, most));
+                            let read =
+                                tokio::task::spawn_blocking(move || read_local(&at, expect, most));
                             match read.await {
                                 Ok(Ok(bytes)) => {
                                     client.inner.file_read(addr);
@@ -370,6 +392,7 @@ impl PartitionReader {
         self.addr = next;
         self.stream_id = handle.stream_id;
         self.chunk_count = handle.chunk_lengths.len() as u32;
+        self.chunk_lengths = handle.chunk_lengths.into();
         self.next_chunk = 0;
         self.inflight.clear();
         self.fill();
@@ -456,5 +479,55 @@ async fn open_on(
     match client.request_with_retries(addr, open.clone().into()).await? {
         Message::StreamHandle(h) => Ok(h),
         _ => Err(ClientError::UnexpectedReply("OpenStream wants StreamHandle")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    /// The whole of `real` as a server would name it at `named`: its device and inode.
+    fn chunk_of(named: &std::path::Path, real: &std::path::Path, len: u32) -> ChunkLocal {
+        let m = std::fs::metadata(real).unwrap();
+        ChunkLocal {
+            stream_id: 1,
+            chunk_index: 0,
+            path: named.to_str().unwrap().to_owned(),
+            device: m.dev(),
+            inode: m.ino(),
+            spans: vec![FileSpan { offset: 0, length: len }],
+        }
+    }
+
+    #[test]
+    fn a_regular_file_is_read_and_anything_else_refused_without_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = b"the chunk's bytes";
+        let n = data.len() as u32;
+        let file = dir.path().join("0-0.data");
+        std::fs::write(&file, data).unwrap();
+        assert_eq!(read_local(&chunk_of(&file, &file, n), n, 1 << 20).unwrap(), &data[..]);
+
+        let e = read_local(&chunk_of(&file, &file, n), n + 1, 1 << 20).unwrap_err();
+        assert!(e.contains("where the stream's chunk has"), "{e}");
+        let e = read_local(&chunk_of(&file, &file, n), n, 4).unwrap_err();
+        assert!(e.contains("over the 4-byte frames"), "{e}");
+
+        // A symlink to the very file (its device and inode behind it): not followed.
+        let link = dir.path().join("link.data");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert!(read_local(&chunk_of(&link, &file, n), n, 1 << 20).is_err());
+
+        // A FIFO: a plain open for reading would wait for a writer for ever.
+        let fifo = dir.path().join("fifo.data");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let at = chunk_of(&fifo, &fifo, n);
+        std::thread::spawn(move || tx.send(read_local(&at, n, 1 << 20)));
+        let got = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the open waited");
+        let e = got.unwrap_err();
+        assert!(e.contains("not a regular file"), "{e}");
     }
 }

@@ -778,7 +778,7 @@ impl ServerState {
     /// `FetchChunkLocal` from a reader on this host (the shell answers one from elsewhere as
     /// `FetchChunk`): where the chunk's bytes are in a local file, when host-local reads are on
     /// and the chunk is wholly in one; its bytes otherwise (in the object store; a path that is
-    /// not UTF-8; a file `fstat` fails on).
+    /// not UTF-8; a file `fstat` fails on or that has no name left).
     async fn fetch_chunk_local(
         &self,
         f: FetchChunkLocal,
@@ -806,6 +806,11 @@ impl ServerState {
             // An empty chunk: its bytes are none.
             None => return self.send_chunk(as_bytes, chunk).await,
         };
+        // No name left: the file was unlinked while the stream holds it open (its partition
+        // moved to the object store, say). The reader could not open it; the bytes it can have.
+        if stat.st_nlink == 0 {
+            return self.send_chunk(as_bytes, chunk).await;
+        }
         let spans = body
             .regions()
             .iter()

@@ -34,14 +34,26 @@ use parking_lot::Mutex;
 /// Files of deleted shuffles waiting for reuse, oldest first.
 #[derive(Debug, Default)]
 struct Pool {
-    /// Handle, path in the pool, length.
-    files: Vec<(Arc<File>, PathBuf, u64)>,
+    /// Oldest first.
+    files: Vec<Pooled>,
+}
+
+/// A file in the recycle pool.
+#[derive(Debug)]
+struct Pooled {
+    file: Arc<File>,
+    /// Its path in the pool.
+    at: PathBuf,
+    len: u64,
+    /// The path it had before: it is never handed back to that path (see
+    /// [`DataDir::take_recycled`]).
+    was: PathBuf,
 }
 
 impl Pool {
     /// Total length of the pooled files (a handful: the cap over a partition file's size).
     fn bytes(&self) -> u64 {
-        self.files.iter().map(|(_, _, len)| len).sum()
+        self.files.iter().map(|p| p.len).sum()
     }
 }
 
@@ -142,13 +154,13 @@ impl DataDir {
     pub fn drain_pool(&self) -> u64 {
         let mut pool = self.pool.lock();
         let mut freed = 0;
-        pool.files.retain(|(f, path, len)| {
-            if Arc::strong_count(f) > 1 {
+        pool.files.retain(|p| {
+            if Arc::strong_count(&p.file) > 1 {
                 return true;
             }
-            match std::fs::remove_file(path) {
-                Ok(()) => freed += len,
-                Err(e) => tracing::warn!(path = %path.display(), error = %e,
+            match std::fs::remove_file(&p.at) {
+                Ok(()) => freed += p.len,
+                Err(e) => tracing::warn!(path = %p.at.display(), error = %e,
                     "cannot delete a recycled file"),
             }
             false
@@ -195,10 +207,10 @@ impl DataDir {
             return false;
         }
         while pool.bytes() + len > limit {
-            let Some(i) = pool.files.iter().position(|(f, _, _)| Arc::strong_count(f) == 1) else {
+            let Some(i) = pool.files.iter().position(|p| Arc::strong_count(&p.file) == 1) else {
                 return false;
             };
-            let (_, old, _) = pool.files.remove(i);
+            let old = pool.files.remove(i).at;
             if let Err(e) = std::fs::remove_file(&old) {
                 tracing::warn!(path = %old.display(), error = %e, "cannot delete a recycled file");
             }
@@ -211,17 +223,21 @@ impl DataDir {
             tracing::debug!(path = %path.display(), error = %e, "not recycled");
             return false;
         }
-        pool.files.push((file, to, len));
+        pool.files.push(Pooled { file, at: to, len, was: path.to_path_buf() });
         true
     }
 
-    /// Takes a pooled file that nobody else holds open and moves it to `path`.
+    /// Takes a pooled file that nobody else holds open and was not at `path` before, and moves
+    /// it to `path`.
     pub fn take_recycled(&self, path: &Path) -> Option<Arc<File>> {
         let mut pool = self.pool.lock();
-        // Newest first: its pages are the likeliest to be still cached.
-        let i = pool.files.iter().rposition(|(f, _, _)| Arc::strong_count(f) == 1)?;
+        // Newest first: its pages are the likeliest to be still cached. Never back to the path
+        // it had: a host-local reader holding an answer that named this file there (its device,
+        // inode and path) would find all three the same and read the new data as the old.
+        let i =
+            pool.files.iter().rposition(|p| Arc::strong_count(&p.file) == 1 && p.was != path)?;
         // `remove`, not `swap_remove`: the rest stay oldest first for `recycle`.
-        let (file, from, _) = pool.files.remove(i);
+        let Pooled { file, at: from, .. } = pool.files.remove(i);
         drop(pool);
         let moved = match path.parent() {
             Some(parent) => std::fs::create_dir_all(parent),
@@ -459,6 +475,30 @@ mod tests {
         assert!(dir.take_recycled(&tmp.path().join("y.data")).is_some());
         assert_eq!(dir.pooled_bytes(), 0);
         assert_eq!(storage.reused_files(), 2);
+    }
+
+    #[test]
+    fn a_pooled_file_never_goes_back_to_the_path_it_had() {
+        // A shuffle deleted and registered again under its id makes the same paths: its files
+        // must not be its old ones, or a host-local reader still holding an answer that named
+        // an old file (path, device, inode) would find all three unchanged and read new data.
+        let tmp = tempfile::tempdir().unwrap();
+        let storage = Storage::open(&[tmp.path().to_path_buf()], 0, 10_000);
+        let dir = &storage.dirs()[0];
+        let (a, pa) = file_with(tmp.path(), "a", 4000);
+        let ino = |f: &File| std::os::unix::fs::MetadataExt::ino(&f.metadata().unwrap());
+        let a_ino = ino(&a);
+        assert!(dir.recycle(a, &pa));
+        assert!(dir.take_recycled(&pa).is_none(), "the only pooled file was at that path");
+        assert!(!pa.exists());
+        let (b, pb) = file_with(tmp.path(), "b", 4000);
+        assert!(dir.recycle(b, &pb));
+        // `b`, the newest, would go first; not back to its own path: `a` goes there.
+        let got = dir.take_recycled(&pb).expect("a was elsewhere");
+        assert_eq!(ino(&got), a_ino);
+        let other = tmp.path().join("c.data");
+        assert!(dir.take_recycled(&other).is_some(), "b may go anywhere else");
+        assert_eq!(dir.pooled_bytes(), 0);
     }
 
     #[test]

@@ -157,6 +157,47 @@ async fn a_reader_on_this_host_is_told_where_each_chunk_is_and_reads_the_same_by
     .await
 }
 
+/// A file unlinked while a stream holds it open (as when its partition moves to the object
+/// store) has no name a reader could open: the server sends those chunks' bytes instead of
+/// naming a path that leads nowhere (readers that failed on such paths paused their local reads).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunk_whose_file_was_unlinked_is_sent_not_named() {
+    bounded("a_chunk_whose_file_was_unlinked_is_sent_not_named", 60, async {
+        let scratch = Scratch::new();
+        let server = server(&scratch, true);
+        let c = raw(server.addr).await;
+        write_shuffle(&c).await;
+        let h = open(&c).await;
+        let first = FetchChunkLocal { stream_id: h.stream_id, chunk_index: 0 };
+        let Ok(Message::ChunkLocal(at)) = call(&c, first).await else { panic!("no ChunkLocal") };
+        let (mut named, mut sent) = (std::collections::BTreeSet::new(), Vec::new());
+        for i in 0..h.chunk_lengths.len() as u32 {
+            let ask = FetchChunkLocal { stream_id: h.stream_id, chunk_index: i };
+            if let Ok(Message::ChunkLocal(at)) = call(&c, ask).await {
+                named.insert(at.path);
+            }
+            let fetch = FetchChunk { stream_id: h.stream_id, chunk_index: i };
+            sent.push(call_body(&c, fetch, Bytes::new()).await.expect("fetch").1);
+        }
+        for p in &named {
+            std::fs::remove_file(p).unwrap();
+        }
+        assert!(named.contains(&at.path));
+        for (i, &len) in h.chunk_lengths.iter().enumerate() {
+            let i = i as u32;
+            let ask = FetchChunkLocal { stream_id: h.stream_id, chunk_index: i };
+            let (m, body) = call_body(&c, ask, Bytes::new()).await.expect("fetch");
+            assert!(
+                matches!(m, Message::ChunkData(ref d) if d.chunk_index == i),
+                "chunk {i}: expected ChunkData for an unlinked file, got {m:?}"
+            );
+            assert_eq!(body.len() as u32, len, "chunk {i}");
+            assert!(body == sent[i as usize], "chunk {i}: other bytes than before the unlink");
+        }
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_host_local_reads_off_the_server_sends_the_chunks_bytes() {
     bounded("with_host_local_reads_off_the_server_sends_the_chunks_bytes", 60, async {

@@ -10,11 +10,13 @@ import java.net.NetworkInterface;
 import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
 import java.nio.file.Files;
+import java.nio.file.LinkOption;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.LongAdder;
+import java.util.function.LongSupplier;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -30,23 +32,39 @@ import org.slf4j.LoggerFactory;
  * reader that cannot use an answer (the path names no file here, or another file than the
  * server's: another mount namespace; a read fails or ends early) fetches that chunk over the
  * network; after {@link #GIVE_UP_AFTER} such chunks of a server in a row every reader of the
- * process does so for that server from then on, with one warning.
+ * process does so for that server for {@link #ASK_AGAIN_AFTER_NANOS} (a warning the first time),
+ * then asks again: a passing cause (prefetched chunks of a partition being moved to the object
+ * store, say) does not cost the process its local reads for good.
  */
 final class HostLocalReads {
   private static final Logger LOG = LoggerFactory.getLogger(HostLocalReads.class);
 
-  /** Chunks in a row that could not be read from a server's files before it is given up on. */
+  /** Chunks in a row that could not be read from a server's files before readers pause. */
   static final int GIVE_UP_AFTER = 3;
 
+  /** How long readers fetch a server's chunks over the network after such a pause starts. */
+  static final long ASK_AGAIN_AFTER_NANOS = 300_000_000_000L;
+
   private final boolean enabled;
-  /** By host:port: whether to ask it (false: not on this host, or given up on). */
+  /** By host:port: whether it is on this host. */
   private final ConcurrentHashMap<String, Boolean> ask = new ConcurrentHashMap<>();
+  /** By host:port: {@link System#nanoTime} until which readers do not ask it (paused). */
+  private final ConcurrentHashMap<String, Long> pausedUntil = new ConcurrentHashMap<>();
+  /** host:port of servers readers ever paused on (the first pause is a warning). */
+  private final java.util.Set<String> pausedBefore = ConcurrentHashMap.newKeySet();
   /** By host:port: chunks in a row its files failed to give. */
   private final ConcurrentHashMap<String, Integer> failures = new ConcurrentHashMap<>();
   private final LongAdder bytesRead = new LongAdder();
+  /** {@link System#nanoTime}, or a test's clock. */
+  private final LongSupplier clock;
 
   HostLocalReads(boolean enabled) {
+    this(enabled, System::nanoTime);
+  }
+
+  HostLocalReads(boolean enabled, LongSupplier clock) {
     this.enabled = enabled;
+    this.clock = clock;
   }
 
   /** Whether to ask {@code server} for chunks as regions of its files. */
@@ -54,9 +72,31 @@ final class HostLocalReads {
     if (!enabled) {
       return false;
     }
-    Boolean known = ask.get(server.hostPort());
-    return known != null ? known
-        : ask.computeIfAbsent(server.hostPort(), k -> onThisHost(server.host()));
+    String key = server.hostPort();
+    if (!pausedUntil.isEmpty()) {
+      Long until = pausedUntil.get(key);
+      if (until != null) {
+        if (clock.getAsLong() - until < 0) {
+          return false;
+        }
+        // The pause is over: a fresh count of failures (and a host that did not resolve is
+        // looked up again).
+        failures.remove(key);
+        pausedUntil.remove(key, until);
+      }
+    }
+    Boolean known = ask.get(key);
+    if (known != null) {
+      return known;
+    }
+    Boolean here = onThisHost(server.host());
+    if (here == null) {
+      // Cannot tell now (a name that does not resolve): not asked, looked up again later.
+      pausedUntil.put(key, clock.getAsLong() + ASK_AGAIN_AFTER_NANOS);
+      return false;
+    }
+    ask.putIfAbsent(key, here);
+    return here;
   }
 
   /**
@@ -66,18 +106,26 @@ final class HostLocalReads {
    * readable here (another mount namespace, another user's files).
    */
   void failed(ShuffleAssignment.Server server, String why) {
-    int n = failures.merge(server.hostPort(), 1, Integer::sum);
-    if (n < GIVE_UP_AFTER) {
-      LOG.debug("host-local read from {} failed ({}); fetching the chunk", server.hostPort(), why);
-    } else if (!Boolean.FALSE.equals(ask.put(server.hostPort(), false))) {
+    String key = server.hostPort();
+    int n = failures.merge(key, 1, Integer::sum);
+    if (n != GIVE_UP_AFTER) {
+      LOG.debug("host-local read from {} failed ({}); fetching the chunk", key, why);
+      return;
+    }
+    long secs = ASK_AGAIN_AFTER_NANOS / 1_000_000_000L;
+    pausedUntil.put(key, clock.getAsLong() + ASK_AGAIN_AFTER_NANOS);
+    if (pausedBefore.add(key)) {
       LOG.warn("host-local reads from {} stopped after {} failures in a row (the last: {}); its "
-          + "chunks are fetched over the network", server.hostPort(), n, why);
+          + "chunks are fetched over the network, asked again in {} s", key, n, why, secs);
+    } else {
+      LOG.debug("host-local reads from {} stopped again after {} failures in a row (the last: "
+          + "{}); asked again in {} s", key, n, why, secs);
     }
   }
 
   /** A chunk of {@code server} was read from its file. */
   void succeeded(ShuffleAssignment.Server server) {
-    if (!failures.isEmpty()) {
+    if (!failures.isEmpty() && !pausedUntil.containsKey(server.hostPort())) {
       failures.remove(server.hostPort());
     }
   }
@@ -87,15 +135,19 @@ final class HostLocalReads {
     return bytesRead.sum();
   }
 
-  /** Whether {@code host} names this machine: loopback, or an address of one of its interfaces. */
-  static boolean onThisHost(String host) {
+  /**
+   * Whether {@code host} names this machine: loopback, or an address of one of its interfaces;
+   * null when that cannot be told now (the name does not resolve).
+   */
+  static Boolean onThisHost(String host) {
     try {
       InetAddress a = InetAddress.getByName(host);
       return a.isLoopbackAddress() || a.isAnyLocalAddress()
           || NetworkInterface.getByInetAddress(a) != null;
     } catch (IOException | RuntimeException e) {
-      LOG.debug("cannot tell whether {} is this host ({}); not reading its files", host, e);
-      return false;
+      LOG.debug("cannot tell whether {} is this host ({}); not reading its files for now", host,
+          e);
+      return null;
     }
   }
 
@@ -168,7 +220,12 @@ final class HostLocalReads {
       }
       close();
       Path p = Path.of(c.path());
-      FileChannel ch = FileChannel.open(p, StandardOpenOption.READ);
+      // Never opened unless a regular file (an open of a FIFO put there would wait for a writer,
+      // and a symlink could name anything): the server's files are neither.
+      if (!Files.isRegularFile(p, LinkOption.NOFOLLOW_LINKS)) {
+        throw new IOException(c.path() + " is not a regular file here");
+      }
+      FileChannel ch = FileChannel.open(p, StandardOpenOption.READ, LinkOption.NOFOLLOW_LINKS);
       try {
         // Opened, then looked up by path: Java cannot ask the open file. A file put in its
         // place in between fails the check after the read.

@@ -33,7 +33,7 @@ import java.util.Map;
  * <tr><td>sluice.client.maxFrameBytes</td><td>64m</td><td>max_frame_bytes proposed in the handshake</td></tr>
  * <tr><td>sluice.client.fetchPrefetchChunks</td><td>4</td><td>chunks a reader requests ahead</td></tr>
  * <tr><td>sluice.client.prefetchNextPartition</td><td>false</td><td>a reduce task reading several partitions opens the next one's stream and requests its first chunk once the current one has every chunk requested</td></tr>
- * <tr><td>sluice.client.hostLocalReads</td><td>true</td><td>a reader asks a server on this host (its address is a loopback or local one) where each chunk is in its files, and reads it from there itself, when the server offers that ({@code host_local_reads}); a chunk whose file cannot be opened or read is fetched over the network, and after three in a row every chunk of that server</td></tr>
+ * <tr><td>sluice.client.hostLocalReads</td><td>true</td><td>a reader asks a server on this host (its address is a loopback or local one) where each chunk is in its files, and reads it from there itself, when the server offers that ({@code host_local_reads}); a chunk whose file cannot be opened or read is fetched over the network, and after three in a row every chunk of that server is fetched over the network for five minutes (a warning the first time), then it is asked again</td></tr>
  * <tr><td>sluice.client.busyMaxRetries</td><td>50</td><td>times a push answered Busy is retried</td></tr>
  * <tr><td>sluice.client.busyBackoffMaxMs</td><td>5000</td><td>cap on the wait a Busy asks for</td></tr>
  * <tr><td>sluice.client.maxRetries</td><td>3</td><td>retries of a request failing with a retriable error</td></tr>
