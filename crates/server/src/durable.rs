@@ -517,7 +517,9 @@ fn merge(records: Vec<Result<Decoded, String>>) -> Result<Decoded, String> {
 }
 
 /// Opens file number `n` of partition `pid`, on the data directory `name` (its path), checking
-/// that it holds at least `needed` bytes.
+/// that it holds at least `needed` bytes. A file no chunk is in (`needed` 0: its creation failed
+/// and the partition went on in another file, say) is not opened: whether it exists, or its
+/// directory still does, costs the partition nothing.
 fn open_partition_file(
     storage: &Storage,
     app: &str,
@@ -526,7 +528,19 @@ fn open_partition_file(
     name: &str,
     needed: u64,
 ) -> Result<FileRef, String> {
-    let Some(dir) = storage.dirs().iter().find(|d| d.path.display().to_string() == name) else {
+    let configured = storage.dirs().iter().find(|d| d.path.display().to_string() == name);
+    if needed == 0 {
+        let path = Path::new(name).join(app).join(shuffle_id.to_string());
+        let path = path.join(format!("{pid}-{n}.data"));
+        // Any directory will do for one never written to: retired, it is never created.
+        let Some(dir) = configured.or(storage.dirs().first()) else {
+            return Err("no data directory is configured".into());
+        };
+        let empty = DataFile::to_create(dir.clone(), path);
+        empty.retire();
+        return Ok(Arc::new(empty));
+    }
+    let Some(dir) = configured else {
         return Err(format!("its data directory {name} is no longer configured"));
     };
     if dir.is_failed() {
@@ -551,6 +565,35 @@ fn open_partition_file(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_recorded_file_no_chunk_is_in_is_not_needed_at_restart() {
+        // A partition's first file failed to be created and its data went to a second one; the
+        // record names both. Restarting, the missing first file (or its directory, gone or
+        // failed) must not make the partition lost.
+        let root = tempfile::tempdir().unwrap();
+        let storage = Storage::open(&[root.path().to_path_buf()], 0, 0);
+        let here = root.path().display().to_string();
+        let gone = "/no/such/data/dir";
+        for name in [here.as_str(), gone] {
+            let f = open_partition_file(&storage, "app", 7, (3, 0), name, 0)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(f.file().is_none(), "not opened");
+            assert!(f.open().is_err(), "and never created");
+        }
+        assert!(!root.path().join("app").exists(), "nothing made on disk");
+        // A file chunks are in is needed, and must be long enough.
+        let e = open_partition_file(&storage, "app", 7, (3, 1), &here, 10).unwrap_err();
+        assert!(e.contains("3-1.data"), "{e}");
+        let e = open_partition_file(&storage, "app", 7, (3, 1), gone, 10).unwrap_err();
+        assert!(e.contains("no longer configured"), "{e}");
+        let p = root.path().join("app/7/3-1.data");
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, [1u8; 5]).unwrap();
+        let e = open_partition_file(&storage, "app", 7, (3, 1), &here, 10).unwrap_err();
+        assert!(e.contains("truncated"), "{e}");
+        assert!(open_partition_file(&storage, "app", 7, (3, 1), &here, 5).is_ok());
+    }
 
     #[test]
     fn a_commit_of_a_shuffle_deleted_meanwhile_leaves_nothing_behind() {

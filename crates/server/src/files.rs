@@ -86,9 +86,23 @@ pub fn is_nospc(e: &std::io::Error) -> bool {
     e.raw_os_error() == Some(rustix::io::Errno::NOSPC.raw_os_error())
 }
 
+/// Whether `e` says the process (`EMFILE`) or the system (`ENFILE`) has no file descriptor
+/// left: no fault of the directory's.
+pub fn is_out_of_fds(e: &std::io::Error) -> bool {
+    let code = e.raw_os_error();
+    code == Some(rustix::io::Errno::MFILE.raw_os_error())
+        || code == Some(rustix::io::Errno::NFILE.raw_os_error())
+}
+
 /// Takes a directory whose write or create failed with `e` out of use: full (for a while) on
-/// `ENOSPC`, out of service on anything else. Returns whether it was a full disk.
+/// `ENOSPC`, out of service on anything else but a lack of file descriptors (which is not the
+/// directory's: it stays in service). Returns whether it was a full disk.
 pub fn note_failure(dir: &DataDir, e: &std::io::Error) -> bool {
+    if is_out_of_fds(e) {
+        tracing::warn!(dir = %dir.path.display(), error = %e,
+            "out of file descriptors; the directory stays in service");
+        return false;
+    }
     if is_nospc(e) {
         dir.mark_full(e);
         true
@@ -371,6 +385,23 @@ pub fn remove_app_dirs(storage: &Storage, app_id: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_directorys_own_failures_take_it_out_of_service() {
+        let tmp = tempfile::tempdir().unwrap();
+        let storage = Storage::open(&[tmp.path().to_path_buf()], 0, 0);
+        let dir = &storage.dirs()[0];
+        let os = |e: rustix::io::Errno| std::io::Error::from_raw_os_error(e.raw_os_error());
+        // The process or the system out of descriptors: not the directory's fault.
+        for e in [rustix::io::Errno::MFILE, rustix::io::Errno::NFILE] {
+            assert!(!note_failure(dir, &os(e)));
+            assert!(dir.in_service(), "{e:?}");
+        }
+        assert!(note_failure(dir, &os(rustix::io::Errno::NOSPC)), "a full disk");
+        assert!(dir.is_full() && !dir.is_failed());
+        assert!(!note_failure(dir, &os(rustix::io::Errno::IO)));
+        assert!(dir.is_failed(), "an I/O error is the directory's");
+    }
 
     #[test]
     fn names_are_safe_and_one_to_one() {

@@ -20,12 +20,17 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::core::{FlushOutcome, FlushPlan, Lifecycle, Shuffle};
-use crate::files::{is_nospc, note_failure, FileRef, Placement};
+use crate::files::{is_nospc, is_out_of_fds, note_failure, FileRef, Placement};
 use crate::storage::Storage;
 
 /// How long a chunk that no directory has room for waits for space before its partition is
 /// marked lost.
 pub const FULL_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a flush waits for a file descriptor (`EMFILE`, `ENFILE`) before its data is lost,
+/// and the pause between its tries.
+const FD_WAIT: Duration = Duration::from_secs(10);
+const FD_PAUSE: Duration = Duration::from_millis(100);
 /// A commit's flushes smaller than this are not written back one by one: the commit's sync
 /// follows at once and writes them together (a wide shuffle's commit flushes 10,000 buffers of
 /// a few KiB; a write-back request for each cost more than writing them).
@@ -117,6 +122,8 @@ fn lower_priority(nice: i32) {
 fn run_job(storage: &Storage, job: FlushJob, how: WriteHow, on_done: &OnFlushed) {
     let FlushJob { shuffle, mut plan } = job;
     let started = Instant::now();
+    // Since when the write has failed for want of a file descriptor.
+    let mut fd_wait_since: Option<Instant> = None;
     let outcome = loop {
         if shuffle.is_deleted() {
             break FlushOutcome::Dropped;
@@ -145,6 +152,28 @@ fn run_job(storage: &Storage, job: FlushJob, how: WriteHow, on_done: &OnFlushed)
         // A full disk gives back its recycled files first; then the same write again.
         if is_nospc(&e) && plan.file().dir.drain_pool() > 0 {
             continue;
+        }
+        // No descriptor left to create the file with: the recycle pools close theirs first,
+        // then the same write again, after a pause while others close theirs (streams ending,
+        // connections closing), for up to FD_WAIT. Not the directory's fault: it stays in
+        // service.
+        if is_out_of_fds(&e) {
+            if storage.drain_pools() > 0 {
+                continue;
+            }
+            let since = *fd_wait_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < FD_WAIT {
+                if since.elapsed() < FD_PAUSE {
+                    tracing::warn!(shuffle = %shuffle.key(), partition = plan.partition(), error = %e,
+                        "no file descriptor left for a flush; waiting for one");
+                }
+                std::thread::sleep(FD_PAUSE);
+                continue;
+            }
+            let msg = format!("flush failed: {e} (no file descriptor freed within {FD_WAIT:?})");
+            tracing::error!(shuffle = %shuffle.key(), partition = plan.partition(),
+                bytes = plan.bytes(), "{msg}");
+            break FlushOutcome::Lost(msg);
         }
         let full = note_failure(&plan.file().dir, &e);
         if let Err(e2) = relocate(storage, &shuffle, &mut plan, full) {

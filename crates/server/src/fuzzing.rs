@@ -685,6 +685,8 @@ impl Harness {
             match shuffle.finish_commit() {
                 Ok(sizes) => {
                     assert!(!lost, "step {}: a commit with a lost partition succeeded", self.step);
+                    // As the server after writing the commit record: moves may begin.
+                    shuffle.mark_recorded();
                     for s in sizes {
                         let p = shuffle.partition(s.partition).unwrap();
                         let sum: u64 = p.chunks().iter().map(|c| c.len()).sum();

@@ -648,6 +648,9 @@ impl ServerState {
         if self.config.durable_commit && !shuffle.is_deleted() {
             durable =
                 self.make_durable(&shuffle, files.into_iter().map(|(f, _)| f).collect()).await?;
+        } else if !self.config.durable_commit {
+            // No record to write: its partitions may move to the store from now on.
+            shuffle.mark_recorded();
         }
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
         let waited = started.elapsed();
@@ -685,8 +688,12 @@ impl ServerState {
                 encoded = started.elapsed();
                 r
             };
+            // From the state read to the record written, no move to the object store rewrites
+            // it (see `offload_partition`).
+            let _writer = s.record_writer();
             let record =
                 crate::durable::persist(&storage, s.key(), record, &files, || s.is_deleted())?;
+            s.mark_recorded();
             Ok(Durable { record: encoded, record_bytes: record.len() })
         })
         .await
@@ -930,8 +937,7 @@ impl ServerState {
                 Err(Offload::Failed(why)) => {
                     self.stats.offload_failures.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(shuffle = %shuffle.key(), partition = pid, reason = %why,
-                        "moving a partition to the object store failed; it stays on its local \
-                         disk, and the next pass tries again");
+                        "moving a partition to the object store failed");
                     // A store that fails one upload likely fails the next: wait for the next
                     // pass rather than read every candidate's files for nothing.
                     break;
@@ -962,14 +968,29 @@ impl ServerState {
                 keys.push(key);
                 continue;
             };
-            let on_disk = file.metadata().map(|m| m.len()).unwrap_or(0);
+            // A length not known is no length: an object of 0 bytes would pass the upload's
+            // check, and the local file would then go.
+            let on_disk = match file.metadata() {
+                Ok(m) => m.len(),
+                Err(e) => {
+                    for k in &keys {
+                        tier.delete(k).await;
+                    }
+                    return Err(Offload::Failed(format!(
+                        "{}: {e}; it stays on its local disk, and the next pass tries again",
+                        f.path.display()
+                    )));
+                }
+            };
             let len = (*end).min(on_disk);
             if let Err(e) = tier.upload(file.clone(), &f.path, len, &key).await {
                 self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
                 for k in &keys {
                     tier.delete(k).await;
                 }
-                return Err(Offload::Failed(e.to_string()));
+                return Err(Offload::Failed(format!(
+                    "{e}; it stays on its local disk, and the next pass tries again"
+                )));
             }
             keys.push(key);
             bytes += len;
@@ -990,16 +1011,22 @@ impl ServerState {
         // commit record says where the data is: a crash before that restarts on the old record
         // and the local files (the objects are then left over in the store).
         if self.config.durable_commit {
-            let record = shuffle.commit_record(|f: &FileRef| f.dir.path.display().to_string());
-            let (storage, key) = (self.storage.clone(), shuffle.key().clone());
+            let (storage, s) = (self.storage.clone(), shuffle.clone());
             let written = tokio::task::spawn_blocking(move || {
-                crate::durable::rewrite(&storage, &key, &record)
+                // The state read and the record written under the shuffle's record lock: a
+                // commit retried meanwhile, which read the state before the switch, writes its
+                // record before this one, never after it.
+                let _writer = s.record_writer();
+                let record = s.commit_record(|f: &FileRef| f.dir.path.display().to_string());
+                crate::durable::rewrite(&storage, s.key(), &record)
             })
             .await
             .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
             if let Err(e) = written {
                 return Err(Offload::Failed(format!(
-                    "the commit record could not be rewritten ({e}); the local files are kept"
+                    "the commit record could not be rewritten ({e}); the partition is served \
+                     from the store, and its local files, which the record on disk still names, \
+                     are kept until the shuffle is deleted"
                 )));
             }
         }

@@ -78,6 +78,9 @@ pub struct DataDir {
     /// Free bytes the server leaves on the file system.
     reserve: u64,
     recycle_cap: u64,
+    /// Files the pool may hold (each keeps a descriptor open): a share of the process's
+    /// descriptor limit, see [`Storage::open`].
+    recycle_max_files: usize,
     pool: Mutex<Pool>,
     next_pooled: AtomicU64,
     /// Files taken from the pool for new partitions.
@@ -203,10 +206,13 @@ impl DataDir {
         // newest file is the one whose pages are likeliest to be cached, so older files nobody
         // holds make room.
         let limit = self.recycle_cap.min(self.free_bytes().saturating_sub(self.reserve) / 2);
-        if len > limit {
+        if len > limit || self.recycle_max_files == 0 {
             return false;
         }
-        while pool.bytes() + len > limit {
+        // Nor more files than its share of descriptors: a wide shuffle's thousands of small
+        // files would otherwise hold the process's descriptors, and the next file it creates
+        // would fail (`EMFILE`).
+        while pool.bytes() + len > limit || pool.files.len() >= self.recycle_max_files {
             let Some(i) = pool.files.iter().position(|p| Arc::strong_count(&p.file) == 1) else {
                 return false;
             };
@@ -298,6 +304,23 @@ impl Storage {
     /// Leftover recycled files of an earlier process are deleted. Each directory leaves
     /// `reserve_bytes` free on its file system.
     pub fn open(paths: &[PathBuf], reserve_bytes: u64, recycle_bytes_per_dir: u64) -> Storage {
+        Self::open_with_max_pooled(paths, reserve_bytes, recycle_bytes_per_dir, None)
+    }
+
+    /// [`Self::open`], the pools holding at most `max_pooled_files` files each; `None`: a
+    /// quarter of the process's descriptor limit (`RLIMIT_NOFILE`, soft) shared by the
+    /// directories (the rest is for partition files, connections and readers).
+    pub fn open_with_max_pooled(
+        paths: &[PathBuf],
+        reserve_bytes: u64,
+        recycle_bytes_per_dir: u64,
+        max_pooled_files: Option<usize>,
+    ) -> Storage {
+        let max_files = max_pooled_files.unwrap_or_else(|| {
+            let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+            let soft = limit.current.unwrap_or(u64::MAX).min(1 << 24) as usize;
+            soft / 4 / paths.len().max(1)
+        });
         let dirs = paths
             .iter()
             .enumerate()
@@ -310,6 +333,7 @@ impl Storage {
                     full_since: Mutex::new(None),
                     reserve: reserve_bytes,
                     recycle_cap: recycle_bytes_per_dir,
+                    recycle_max_files: max_files,
                     pool: Mutex::new(Pool::default()),
                     next_pooled: AtomicU64::new(0),
                     reused: AtomicU64::new(0),
@@ -330,6 +354,12 @@ impl Storage {
             })
             .collect();
         Storage { dirs }
+    }
+
+    /// Deletes every directory's pooled files that nobody holds open (their descriptors
+    /// closed); returns how many bytes that gave back.
+    pub fn drain_pools(&self) -> u64 {
+        self.dirs.iter().map(|d| d.drain_pool()).sum()
     }
 
     /// All directories, failed ones included.
@@ -499,6 +529,34 @@ mod tests {
         let other = tmp.path().join("c.data");
         assert!(dir.take_recycled(&other).is_some(), "b may go anywhere else");
         assert_eq!(dir.pooled_bytes(), 0);
+    }
+
+    #[test]
+    fn the_pool_holds_no_more_files_than_its_share_of_descriptors() {
+        let tmp = tempfile::tempdir().unwrap();
+        let storage =
+            Storage::open_with_max_pooled(&[tmp.path().to_path_buf()], 0, 1 << 30, Some(2));
+        let dir = &storage.dirs()[0];
+        let [(a, pa), (b, pb), (c, pc)] = ["a", "b", "c"].map(|n| file_with(tmp.path(), n, 10));
+        let (held_a, held_b) = (a.clone(), b.clone()); // streams still sending from them
+        assert!(dir.recycle(a, &pa) && dir.recycle(b, &pb));
+        assert!(!dir.recycle(c.clone(), &pc), "two files pooled already, both held");
+        drop(held_b);
+        assert!(dir.recycle(c, &pc), "b, free now, makes room");
+        let pooled = std::fs::read_dir(tmp.path().join(RECYCLE_DIR)).unwrap().count();
+        assert_eq!((pooled, dir.pooled_bytes()), (2, 20), "a and c");
+        assert_eq!(storage.drain_pools(), 10, "c; a is held");
+        drop(held_a);
+        assert_eq!(storage.drain_pools(), 10, "a");
+        let none = Storage::open_with_max_pooled(&[tmp.path().to_path_buf()], 0, 1 << 30, Some(0));
+        let (d, pd) = file_with(tmp.path(), "d", 10);
+        assert!(!none.dirs()[0].recycle(d, &pd), "a share of 0 keeps nothing");
+        // By default a share of the descriptor limit: some files, not none.
+        assert!(storage_default_max(&tmp) > 0);
+    }
+
+    fn storage_default_max(tmp: &tempfile::TempDir) -> usize {
+        Storage::open(&[tmp.path().to_path_buf()], 0, 1 << 30).dirs()[0].recycle_max_files
     }
 
     #[test]

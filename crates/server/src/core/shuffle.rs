@@ -97,6 +97,11 @@ pub struct Shuffle<F> {
     /// Open and empty while the server stops: pushes get `SHUTTING_DOWN` (retriable) until the
     /// restarted server, which serves it open again from its record, takes them.
     parked: std::sync::atomic::AtomicBool,
+    /// Held while a commit record of the shuffle is made and written ([`Self::record_writer`]).
+    record: Mutex<()>,
+    /// Its commit record is written, or it has none to write (`durable_commit` off): only then
+    /// may its partitions move to the object store ([`Self::offloadable`]).
+    recorded: std::sync::atomic::AtomicBool,
 }
 
 impl<F: Clone> Shuffle<F> {
@@ -114,6 +119,8 @@ impl<F: Clone> Shuffle<F> {
             flushes_in_flight: AtomicU64::new(0),
             lost: None,
             parked: std::sync::atomic::AtomicBool::new(false),
+            record: Mutex::new(()),
+            recorded: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -203,6 +210,10 @@ impl<F: Clone> Shuffle<F> {
             flushes_in_flight: AtomicU64::new(0),
             lost: None,
             parked: std::sync::atomic::AtomicBool::new(false),
+            record: Mutex::new(()),
+            // Read back from its record: written, if it says the shuffle was committed (an open
+            // one is recorded again when it commits).
+            recorded: std::sync::atomic::AtomicBool::new(lifecycle == Lifecycle::Readable),
         }
     }
 
@@ -752,13 +763,33 @@ impl<F: Clone> Shuffle<F> {
     }
 
     /// The partitions of a readable shuffle that may move to the object store, each with its
-    /// files and where its data in each ends (see `Partition`); none while it is not readable.
+    /// files and where its data in each ends (see `Partition`); none while it is not readable,
+    /// nor before its commit record is written ([`Self::mark_recorded`]: a move rewrites the
+    /// record, which must exist, and must not race the commit's).
     pub fn offloadable(&self) -> Vec<(u32, Vec<(F, u64)>)> {
-        if self.lifecycle() != Lifecycle::Readable || self.lost.is_some() {
+        if self.lifecycle() != Lifecycle::Readable || self.lost.is_some() || !self.is_recorded() {
             return Vec::new();
         }
         let each = self.partitions.iter().enumerate();
         each.filter_map(|(pid, p)| Some((pid as u32, p.lock().offloadable()?))).collect()
+    }
+
+    /// Held by whoever makes and writes a commit record of the shuffle (the commit, a move to the
+    /// object store), from reading its state to the record's publication: two writers one
+    /// after the other, so the record written last holds the state seen last. Blocking.
+    pub fn record_writer(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.record.lock()
+    }
+
+    /// Its commit record is written (or it has none: `durable_commit` off); see
+    /// [`Self::offloadable`].
+    pub fn mark_recorded(&self) {
+        self.recorded.store(true, Ordering::Release);
+    }
+
+    /// Whether [`Self::mark_recorded`] was called (or it was read back from its record).
+    pub fn is_recorded(&self) -> bool {
+        self.recorded.load(Ordering::Acquire)
     }
 
     /// Partition `pid`'s files were copied to `objects` (one key per file number): its chunks

@@ -507,6 +507,11 @@ fn an_offloaded_partition_serves_objects_survives_its_record_and_deletes_them() 
     assert!(s.offloadable().is_empty(), "nothing moves before the commit");
     assert!(s.begin_commit(&files).unwrap().flushes.is_empty());
     s.finish_commit().unwrap();
+    // Readable, but its commit record not yet written: a move would rewrite a record that is
+    // not there, or race the commit's own (which may then name the local files the move
+    // deletes).
+    assert!(s.offloadable().is_empty(), "nothing moves before the commit record is written");
+    s.mark_recorded();
     let candidates = s.offloadable();
     assert_eq!(candidates.iter().map(|c| c.0).collect::<Vec<_>>(), vec![0, 1]);
     assert_eq!(candidates[0].1, vec![(0, 4096)], "the file and its padded end");
@@ -528,6 +533,7 @@ fn an_offloaded_partition_serves_objects_survives_its_record_and_deletes_them() 
     // The record says where it is; a restart reads it back from there.
     let record = s.commit_record(|f| format!("/dir/{f}"));
     let back = Shuffle::recovered(decode_record(&record).unwrap(), |_, n, _, _| Ok(100 + n));
+    assert!(back.is_recorded(), "read back from its record: recorded");
     let (bodies, _) = back.open_stream(&stream(0), |src, _| format!("{src:?}")).unwrap();
     assert_eq!(bodies, vec!["Object(\"k0\")".to_owned()]);
     let (bodies, _) = back.open_stream(&stream(1), |src, _| format!("{src:?}")).unwrap();
