@@ -34,8 +34,9 @@ use parking_lot::Mutex;
 /// Files of deleted shuffles waiting for reuse, oldest first.
 #[derive(Debug, Default)]
 struct Pool {
-    /// Oldest first.
-    files: Vec<Pooled>,
+    /// Oldest first: taken from the back (newest), dropped from the front (a deque: a deleted
+    /// wide shuffle recycles thousands of files, each past the cap dropping the oldest).
+    files: std::collections::VecDeque<Pooled>,
 }
 
 /// A file in the recycle pool.
@@ -216,7 +217,8 @@ impl DataDir {
             let Some(i) = pool.files.iter().position(|p| Arc::strong_count(&p.file) == 1) else {
                 return false;
             };
-            let old = pool.files.remove(i).at;
+            let Some(old) = pool.files.remove(i) else { return false };
+            let old = old.at;
             if let Err(e) = std::fs::remove_file(&old) {
                 tracing::warn!(path = %old.display(), error = %e, "cannot delete a recycled file");
             }
@@ -229,7 +231,7 @@ impl DataDir {
             tracing::debug!(path = %path.display(), error = %e, "not recycled");
             return false;
         }
-        pool.files.push(Pooled { file, at: to, len, was: path.to_path_buf() });
+        pool.files.push_back(Pooled { file, at: to, len, was: path.to_path_buf() });
         true
     }
 
@@ -243,7 +245,7 @@ impl DataDir {
         let i =
             pool.files.iter().rposition(|p| Arc::strong_count(&p.file) == 1 && p.was != path)?;
         // `remove`, not `swap_remove`: the rest stay oldest first for `recycle`.
-        let Pooled { file, at: from, .. } = pool.files.remove(i);
+        let Pooled { file, at: from, .. } = pool.files.remove(i)?;
         drop(pool);
         let moved = match path.parent() {
             Some(parent) => std::fs::create_dir_all(parent),
@@ -307,9 +309,10 @@ impl Storage {
         Self::open_with_max_pooled(paths, reserve_bytes, recycle_bytes_per_dir, None)
     }
 
-    /// [`Self::open`], the pools holding at most `max_pooled_files` files each; `None`: a
-    /// quarter of the process's descriptor limit (`RLIMIT_NOFILE`, soft) shared by the
-    /// directories (the rest is for partition files, connections and readers).
+    /// [`Self::open`], the pools holding at most `max_pooled_files` files each; `None`: half the
+    /// process's descriptor limit (`RLIMIT_NOFILE`, soft) shared by the directories (the rest is
+    /// for live partition files, connections and readers; a flush that finds none left has the
+    /// pools close theirs, see `flusher`).
     pub fn open_with_max_pooled(
         paths: &[PathBuf],
         reserve_bytes: u64,
@@ -319,7 +322,7 @@ impl Storage {
         let max_files = max_pooled_files.unwrap_or_else(|| {
             let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
             let soft = limit.current.unwrap_or(u64::MAX).min(1 << 24) as usize;
-            soft / 4 / paths.len().max(1)
+            soft / 2 / paths.len().max(1)
         });
         let dirs = paths
             .iter()
