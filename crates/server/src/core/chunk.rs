@@ -240,7 +240,6 @@ impl Chunk {
     }
 
     /// Where the chunk starts in its file (a multiple of [`CHUNK_ALIGN`]).
-    #[cfg(any(test, feature = "fuzzing"))]
     pub fn offset(&self) -> u64 {
         self.offset
     }

@@ -449,11 +449,22 @@ impl<F: Clone> Partition<F> {
         self.files.shrink_to_fit();
     }
 
-    /// Takes a plan back: records its chunk when written; the plan's memory is freed.
+    /// Takes a plan back: records its chunk when written; the plan's memory is freed. The index
+    /// stays in file and offset order, the order the plans were made in, whatever order the
+    /// flusher threads finish them in: a map's batches are read back in the order it pushed
+    /// them (two threads finishing a partition's plans out of order once served them so).
     pub(super) fn flushed(&mut self, plan: FlushPlan<F>, outcome: FlushOutcome) {
         match outcome {
             FlushOutcome::Written if self.health != Health::Deleted => {
-                self.chunks.push(plan.into_chunk())
+                let chunk = plan.into_chunk();
+                let at = (chunk.file(), chunk.offset());
+                // Nearly always the last: a search only for one that finished early.
+                if self.chunks.last().is_none_or(|c| (c.file(), c.offset()) < at) {
+                    self.chunks.push(chunk);
+                } else {
+                    let i = self.chunks.partition_point(|c| (c.file(), c.offset()) < at);
+                    self.chunks.insert(i, chunk);
+                }
             }
             FlushOutcome::Written | FlushOutcome::Dropped => {}
             FlushOutcome::Lost(why) => self.mark_lost(why),

@@ -133,6 +133,27 @@ fn plans_of_one_partition_get_their_own_offsets_and_a_failed_one_moves_to_a_new_
 }
 
 #[test]
+fn plans_finished_out_of_order_are_read_in_the_order_they_were_made() {
+    // Two flusher threads may finish a partition's plans in any order; its batches must still
+    // be served in the order they were pushed (a fresh-clone CI run read 0, 2, 1).
+    let files = Numbers::default();
+    let s = shuffle(10);
+    let plans: Vec<_> = (0..3)
+        .map(|b| {
+            let body = batch_body(0, b, 5000);
+            s.push(&[section(0, &body)], &body, None, &files).flushes.pop().unwrap()
+        })
+        .collect();
+    let [p0, p1, p2] = <[_; 3]>::try_from(plans).ok().unwrap();
+    s.flushed(p0, FlushOutcome::Written);
+    s.flushed(p2, FlushOutcome::Written);
+    s.flushed(p1, FlushOutcome::Written);
+    let p = s.partition(0).unwrap();
+    let chunks: Vec<_> = p.chunks().iter().map(|c| (c.file(), c.offset())).collect();
+    assert_eq!(chunks, vec![(0, 0), (0, 8192), (0, 16384)]);
+}
+
+#[test]
 fn no_file_loses_the_partition_and_frees_its_memory() {
     let files = Numbers { fail: true, ..Numbers::default() };
     let budget = MemoryBudget::new(1 << 20, 0.9, 0.95, 0.5);
