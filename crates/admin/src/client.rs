@@ -40,6 +40,9 @@ pub enum ClientError {
         /// What was wrong with it.
         why: String,
     },
+    /// The client cannot talk to the endpoint as asked (nothing was sent).
+    #[error("{0}")]
+    Misconfigured(String),
 }
 
 impl ClientError {
@@ -48,6 +51,7 @@ impl ClientError {
         match self {
             ClientError::Unreachable { .. } => 3,
             ClientError::Refused { .. } | ClientError::BadAnswer { .. } => 1,
+            ClientError::Misconfigured(_) => 2,
         }
     }
 }
@@ -73,6 +77,9 @@ pub struct AdminClient {
     /// HTTPS, trusting this CA (PEM), for an endpoint whose process runs `[transport.tls]`.
     tls_ca: Option<std::path::PathBuf>,
     tls_server_name: Option<String>,
+    /// The address was given as `https://`: never talk plain HTTP to it (the token would cross
+    /// the network in clear).
+    https: bool,
 }
 
 /// A connection to the endpoint, plain or TLS.
@@ -95,11 +102,14 @@ pub fn segment(s: &str) -> String {
 impl AdminClient {
     /// A client of the endpoint at `addr` (`host:port`, an `http://` prefix and a trailing `/`
     /// are taken off), sending `token` as a bearer token when given; each call is bounded by
-    /// `timeout`.
+    /// `timeout`. An `https://` address needs [`Self::with_tls_ca`]: without it every call
+    /// fails before anything is sent.
     pub fn new(addr: &str, token: Option<String>, timeout: Duration) -> AdminClient {
-        let addr = addr.trim().trim_start_matches("http://").trim_start_matches("https://");
+        let addr = addr.trim();
+        let https = addr.starts_with("https://");
+        let addr = addr.trim_start_matches("http://").trim_start_matches("https://");
         let addr = addr.trim_end_matches('/').to_owned();
-        AdminClient { addr, token, timeout, tls_ca: None, tls_server_name: None }
+        AdminClient { addr, token, timeout, tls_ca: None, tls_server_name: None, https }
     }
 
     /// Talks HTTPS, checking the endpoint's certificate against the CA in `ca` (PEM) and the
@@ -130,6 +140,14 @@ impl AdminClient {
     ) -> Result<Answer, ClientError> {
         let unreachable = |why: String| ClientError::Unreachable { addr: self.addr.clone(), why };
         let bad = |why: String| ClientError::BadAnswer { addr: self.addr.clone(), why };
+        if self.https && self.tls_ca.is_none() {
+            return Err(ClientError::Misconfigured(format!(
+                "https://{} needs the CA that signed its certificate (--tls-ca-file, or \
+                 SLUICE_ADMIN_TLS_CA_FILE): not sent over plain HTTP, which would show the token \
+                 to the network",
+                self.addr
+            )));
+        }
         let stream = tokio::time::timeout(self.timeout, TcpStream::connect(&self.addr))
             .await
             .map_err(|_| unreachable(format!("no connection within {:?}", self.timeout)))?
@@ -274,6 +292,21 @@ mod tests {
     fn addresses_lose_their_scheme_and_slash() {
         let c = AdminClient::new("http://h:1/", None, Duration::from_secs(1));
         assert_eq!(c.addr(), "h:1");
+    }
+
+    #[tokio::test]
+    async fn an_https_address_without_a_ca_sends_nothing() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("https://{}", l.local_addr().unwrap());
+        let token = Some("a-token-of-16-chars-or-more".to_owned());
+        let c = AdminClient::new(&addr, token, Duration::from_secs(2));
+        let e = c.call(Method::GET, "/api/v1/servers", Bytes::new()).await.unwrap_err();
+        assert!(matches!(e, ClientError::Misconfigured(_)), "{e}");
+        assert!(e.to_string().contains("--tls-ca-file"), "{e}");
+        assert_eq!(e.exit_code(), 2);
+        // Not even a connection was made.
+        let accepted = tokio::time::timeout(Duration::from_millis(200), l.accept()).await;
+        assert!(accepted.is_err(), "the client connected");
     }
 
     #[tokio::test]

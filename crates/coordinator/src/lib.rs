@@ -1035,11 +1035,18 @@ impl Handler for CoordHandler {
 
     fn handle(
         &self,
-        _conn: &Arc<ConnInfo>,
+        conn: &Arc<ConnInfo>,
         req: Request,
     ) -> impl Future<Output = Response> + Send + 'static {
         let me = self.0.clone();
-        let request = req.message;
+        let mut request = req.message;
+        // An application's credential proves its id, not the user it names: an authenticated
+        // application's user is not taken (it would charge another tenant's user quotas).
+        if let (Message::RegisterApp(r), sluice_transport::PeerIdentity::App(_)) =
+            (&mut request, &conn.identity)
+        {
+            r.user.clear();
+        }
         // All the work inside the future: the transport turns a panic into an `INTERNAL` answer
         // only while polling it (a panic here, outside, would end the whole connection). So the
         // requests of one connection may be handled out of order, each in its own task; no
@@ -1419,6 +1426,25 @@ mod tests {
             identity: sluice_transport::PeerIdentity::Anyone,
             max_frame_bytes: 1 << 20,
         })
+    }
+
+    #[test]
+    fn an_authenticated_applications_user_is_not_taken() {
+        let c = Coordinator::new(CoordinatorConfig::default()).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let as_app = |app: &str| {
+            let mut info = (*conn_info()).clone();
+            info.identity = sluice_transport::PeerIdentity::App(app.into());
+            Arc::new(info)
+        };
+        // An application's credential proves its id only: the user it names is not taken.
+        let reg = RegisterApp { app_id: "m-1".into(), user: "etl".into() };
+        rt.block_on(CoordHandler(c.clone()).handle(&as_app("m-1"), request(reg)));
+        assert_eq!(c.view.lock().app_users.get("m-1"), None);
+        // With authentication off (or from the cluster), as before.
+        let reg = RegisterApp { app_id: "e-1".into(), user: "etl".into() };
+        rt.block_on(CoordHandler(c.clone()).handle(&conn_info(), request(reg)));
+        assert_eq!(c.view.lock().app_users.get("e-1").map(String::as_str), Some("etl"));
     }
 
     fn request(message: impl Into<Message>) -> Request {

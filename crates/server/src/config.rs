@@ -55,6 +55,12 @@ pub struct ServerConfig {
     /// Most maps a shuffle may be registered with; a larger registration is refused with
     /// `INVALID_REQUEST`. Coordinators have the same key.
     pub max_maps_per_shuffle: u32,
+    /// Most partitions one application's shuffles may hold on this server together; a
+    /// registration past it is refused with `QUOTA_EXCEEDED`. Partition state is allocated at
+    /// registration, outside the memory budget (see `max_partitions_per_shuffle`): without
+    /// this, one application registering shuffle after shuffle takes the server's memory
+    /// (2,097,152 by default: 416 MiB of partition state).
+    pub max_partitions_per_app: u64,
     /// Flusher threads per data directory.
     pub flushers_per_dir: usize,
     /// Bytes of a flush each `pwritev` carries at most (each ends at a multiple of this in the
@@ -308,6 +314,7 @@ impl Default for ServerConfig {
             split_threshold_bytes: 1 << 30,
             max_partitions_per_shuffle: 262_144,
             max_maps_per_shuffle: 1 << 20,
+            max_partitions_per_app: 1 << 21,
             flushers_per_dir: 2,
             flush_write_bytes: 256 << 10,
             flusher_nice: 0,
@@ -346,6 +353,12 @@ impl ServerConfig {
         }
         if self.max_partitions_per_shuffle == 0 || self.max_maps_per_shuffle == 0 {
             return Err("max_partitions_per_shuffle, max_maps_per_shuffle: must be positive".into());
+        }
+        if self.max_partitions_per_app < u64::from(self.max_partitions_per_shuffle) {
+            return Err(format!(
+                "max_partitions_per_app ({}) must be at least max_partitions_per_shuffle ({})",
+                self.max_partitions_per_app, self.max_partitions_per_shuffle
+            ));
         }
         if self.chunk_bytes == 0 || self.chunk_bytes > u32::MAX as u64 / 2 {
             return Err("chunk_bytes: must be between 1 and 2 GiB".into());

@@ -287,9 +287,11 @@ pub fn recover(storage: &Storage) -> Recovered {
                 }
             };
             for (shuffle, path) in shuffles {
-                match shuffle.parse::<u32>() {
-                    Ok(id) => found.entry((app.clone(), id)).or_default().push((dir.clone(), path)),
-                    Err(_) => tracing::warn!(path = %path.display(),
+                match shuffle_id_of_dir(&shuffle) {
+                    Some(id) => {
+                        found.entry((app.clone(), id)).or_default().push((dir.clone(), path))
+                    }
+                    None => tracing::warn!(path = %path.display(),
                         "not a shuffle directory; left alone"),
                 }
             }
@@ -406,6 +408,13 @@ pub fn recover(storage: &Storage) -> Recovered {
     out
 }
 
+/// The shuffle id a directory named `name` is for: only the id as a shuffle's directory is
+/// named (`7`, never `07` or `+7`, which `parse` takes too: two directories would be taken for
+/// the same shuffle, and a deletion, which removes only `7`, would leave the other behind).
+fn shuffle_id_of_dir(name: &str) -> Option<u32> {
+    name.parse::<u32>().ok().filter(|id| id.to_string() == name)
+}
+
 /// Moves each of a shuffle's directories (`places`) to `<data dir>/<app>/<shuffle_id>`; the new
 /// places, or why not (a failed rename: those moved stay moved, and the shuffle is reported
 /// lost).
@@ -486,9 +495,12 @@ fn remove_tmp_records(sdir: &Path) {
     }
 }
 
-/// One record from the copies on several directories: the first readable one, each damaged
-/// partition entry of it taken from another copy where that one is sound. A commit record wins
-/// over a parked registration left on another directory by an earlier stop.
+/// One record from the copies on several directories: the newest readable one (by its stamp:
+/// the latest registration of the shuffle key, the last record made of it; of copies alike, a
+/// commit record over a parked registration left by an earlier stop), each damaged partition
+/// entry of it taken from another copy of the same registration where that one is sound.
+/// Copies differ when a directory failed while the others were written again (a move to the
+/// object store) and came back at the restart, or held a deleted registration's record.
 fn merge(records: Vec<Result<Decoded, String>>) -> Result<Decoded, String> {
     let mut good = Vec::new();
     let mut why = String::new();
@@ -498,13 +510,15 @@ fn merge(records: Vec<Result<Decoded, String>>) -> Result<Decoded, String> {
             Err(e) => why = e,
         }
     }
-    if good.iter().any(|d| d.sealed) {
-        good.retain(|d| d.sealed);
-    }
+    // Newest first; the sort is stable, so of copies alike the first directory's leads.
+    good.sort_by_key(|d| std::cmp::Reverse((d.stamp, d.sealed)));
     let mut copies = good.into_iter();
     let mut best = copies.next().ok_or(why)?;
     for other in copies {
-        if other.partitions.len() != best.partitions.len() {
+        // Another registration's entries are of other files; a parked registration's (empty)
+        // would stand for data the commit wrote.
+        let same = other.stamp.incarnation == best.stamp.incarnation && other.sealed == best.sealed;
+        if !same || other.partitions.len() != best.partitions.len() {
             continue;
         }
         for (mine, theirs) in best.partitions.iter_mut().zip(other.partitions) {
@@ -593,6 +607,48 @@ mod tests {
         let e = open_partition_file(&storage, "app", 7, (3, 1), &here, 10).unwrap_err();
         assert!(e.contains("truncated"), "{e}");
         assert!(open_partition_file(&storage, "app", 7, (3, 1), &here, 5).is_ok());
+    }
+
+    #[test]
+    fn the_newest_copy_of_a_record_is_trusted_and_patched_only_from_its_own_registration() {
+        let key = ShuffleKey::new("app", 7);
+        let first = Shuffle::<u32>::new(key.clone(), 1, 2, 1 << 20);
+        let (r0, r1) =
+            (first.commit_record(|f| f.to_string()), first.commit_record(|f| f.to_string()));
+        let decoded = |r: &[u8]| decode_record(r).unwrap();
+        // A copy left on a directory that failed while the record was written again: whatever
+        // the order the directories are read in, the later record stands.
+        for copies in [[&r0, &r1], [&r1, &r0]] {
+            let merged = merge(copies.iter().map(|r| Ok(decoded(r))).collect()).unwrap();
+            assert_eq!(merged.stamp, decoded(&r1).stamp, "the stale copy was trusted");
+        }
+        assert!(decoded(&r1).stamp > decoded(&r0).stamp);
+        // The key deleted and registered again: the new registration's record stands, even
+        // with fewer records made of it.
+        let again = Shuffle::<u32>::new(key, 1, 2, 1 << 20).commit_record(|f| f.to_string());
+        let merged = merge(vec![Ok(decoded(&r1)), Ok(decoded(&again))]).unwrap();
+        assert_eq!(merged.stamp, decoded(&again).stamp);
+        // A damaged entry is taken from an older copy of the same registration, never from
+        // another registration's.
+        let damaged = |r: &[u8]| {
+            let mut d = decoded(r);
+            d.partitions[1] = Err("damaged".into());
+            d
+        };
+        let merged = merge(vec![Ok(damaged(&r1)), Ok(decoded(&r0))]).unwrap();
+        assert!(merged.partitions[1].is_ok(), "not patched from its own registration's copy");
+        let merged = merge(vec![Ok(damaged(&again)), Ok(decoded(&r1))]).unwrap();
+        assert!(merged.partitions[1].is_err(), "patched from another registration's copy");
+    }
+
+    #[test]
+    fn only_a_shuffles_own_directory_name_is_taken_for_it() {
+        for (name, id) in [("7", Some(7)), ("0", Some(0)), ("4294967295", Some(u32::MAX))] {
+            assert_eq!(shuffle_id_of_dir(name), id, "{name}");
+        }
+        for name in ["07", "+7", "00", "-1", "7 ", "4294967296", "", "x"] {
+            assert_eq!(shuffle_id_of_dir(name), None, "{name}");
+        }
     }
 
     #[test]

@@ -348,12 +348,21 @@ pub(crate) fn shuffle_dir(dir: &DataDir, key: &ShuffleKey) -> PathBuf {
 }
 
 /// Removes a deleted shuffle's files from every data directory; each partition's current file is
-/// offered to its directory's recycle pool first (see `storage`). Blocking file work.
+/// offered to its directory's recycle pool first (see `storage`), and every file is retired
+/// before its directory is removed (a flush still in flight never makes it again). Blocking
+/// file work.
 pub fn remove_shuffle_files(storage: &Storage, deleted: Deleted<FileRef>) {
+    // No commit record is being written meanwhile, nor written after this (a writer that holds
+    // the lock next finds the shuffle deleted).
+    let writers = deleted.record_writers();
+    let _no_writer = writers.lock();
     // The commit record first: a crash part way through leaves files no restart serves again,
     // rather than a record whose files are half gone.
     for d in storage.dirs() {
         let _ = std::fs::remove_file(shuffle_dir(d, &deleted.key).join(crate::durable::INDEX_FILE));
+    }
+    for f in deleted.older {
+        f.retire();
     }
     for f in deleted.files {
         // The pool hands a file out only once nobody else holds it (an in-flight flush plan, a

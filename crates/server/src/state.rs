@@ -71,6 +71,23 @@ pub(crate) enum ChunkBody {
     Object { key: Arc<str>, ranges: Arc<[std::ops::Range<u64>]> },
 }
 
+/// The user a `RegisterApp` names, when it can be taken: with authentication off, or from the
+/// cluster (an operator's tool). An application's credential proves its id, not its user: a
+/// tenant naming another's user would charge that user's quotas (and learn its usage from the
+/// refusals), or name none to escape them; so an authenticated application's usage counts for
+/// itself alone (docs/security.md).
+pub(crate) fn vouched_user<'a>(conn: &ConnInfo, r: &'a RegisterApp) -> Option<&'a str> {
+    if r.user.is_empty() {
+        return None;
+    }
+    if let sluice_transport::PeerIdentity::App(app) = &conn.identity {
+        tracing::debug!(app = %app, user = %r.user,
+            "the user an authenticated application names is not taken for quotas");
+        return None;
+    }
+    Some(&r.user)
+}
+
 impl ChunkBody {
     /// Bytes the chunk's body holds.
     fn len(&self) -> u64 {
@@ -133,7 +150,7 @@ impl ServerState {
             config.recycle_bytes_per_dir,
         ));
         let stats = Arc::new(Stats::default());
-        let apps = Apps::default();
+        let apps = Apps::default().with_max_partitions_per_app(config.max_partitions_per_app);
         let recovered = crate::durable::recover(&storage);
         if !recovered.shuffles.is_empty() || recovered.uncommitted > 0 || recovered.lost > 0 {
             tracing::info!(
@@ -309,7 +326,9 @@ impl ServerState {
             }
             Message::MapperEnd(m) => self.mapper_end(m),
             Message::RegisterApp(r) => {
-                self.quotas.set_user(&r.app_id, &r.user);
+                if let Some(user) = vouched_user(&conn, &r) {
+                    self.quotas.set_user(&r.app_id, user);
+                }
                 Ok(self.touch_app(&r.app_id))
             }
             Message::AppHeartbeat(r) => Ok(self.touch_app(&r.app_id)),
@@ -323,11 +342,16 @@ impl ServerState {
             Message::OpenStream(o) => self.open_stream(o, max_frame),
             Message::FetchChunk(f) => self.fetch_chunk(f, &conn).await,
             Message::FetchChunkLocal(f) => self.fetch_chunk_local(f, &conn).await,
-            Message::CloseStream(c) => self
-                .streams
-                .close_for(c.stream_id, |app| conn.identity.may_act_for(app))
-                .map(|()| Response::msg(OkMsg {}))
-                .inspect_err(|_| stream_refused(&conn, c.stream_id)),
+            Message::CloseStream(c) => {
+                // Another application's stream stays open, and the answer is the one for a
+                // stream not open (a no-op): which ids others hold open is not told.
+                let closed =
+                    self.streams.close_for(c.stream_id, |app| conn.identity.may_act_for(app));
+                if closed.is_err() {
+                    stream_refused(&conn, c.stream_id);
+                }
+                Ok(Response::msg(OkMsg {}))
+            }
             other => Err(Refusal::new(
                 ErrorCode::InvalidRequest,
                 format!("a server does not take {}", other.msg_type().name()),
@@ -683,14 +707,14 @@ impl ServerState {
         // A wide shuffle's record is tens of MB to encode: not on an async worker.
         let done = tokio::task::spawn_blocking(move || {
             let mut encoded = Duration::ZERO;
+            // From the state read to the record written, no move to the object store rewrites
+            // it (see `offload_partition`), and the shuffle's deletion waits.
+            let mut writer = s.record_writer();
             let record = || {
-                let r = s.commit_record(|f: &FileRef| f.dir.path.display().to_string());
+                let r = writer.record(|f: &FileRef| f.dir.path.display().to_string());
                 encoded = started.elapsed();
                 r
             };
-            // From the state read to the record written, no move to the object store rewrites
-            // it (see `offload_partition`).
-            let _writer = s.record_writer();
             let record =
                 crate::durable::persist(&storage, s.key(), record, &files, || s.is_deleted())?;
             s.mark_recorded();
@@ -757,14 +781,16 @@ impl ServerState {
         self.send_chunk(f, chunk).await
     }
 
-    /// Chunk `index` of stream `id`, for `conn`: another application's stream is refused
-    /// (`UNAUTHORIZED`, and a warning).
+    /// Chunk `index` of stream `id`, for `conn`: another application's stream is refused as
+    /// one not open (`UNKNOWN_STREAM`: which ids others hold open is not told), with a warning.
     fn fetch_for(&self, id: u64, index: u32, conn: &ConnInfo) -> Result<ChunkBody, Refusal> {
         let may_read = |app: &str| conn.identity.may_act_for(app);
-        self.streams.fetch_for(id, index, Instant::now(), may_read).inspect_err(|r| {
-            if r.code() == ErrorCode::Unauthorized {
-                stream_refused(conn, id);
+        self.streams.fetch_for(id, index, Instant::now(), may_read).map_err(|r| {
+            if r.code() != ErrorCode::Unauthorized {
+                return r;
             }
+            stream_refused(conn, id);
+            crate::core::stream_not_open(id)
         })
     }
 
@@ -1016,12 +1042,20 @@ impl ServerState {
                 // The state read and the record written under the shuffle's record lock: a
                 // commit retried meanwhile, which read the state before the switch, writes its
                 // record before this one, never after it.
-                let _writer = s.record_writer();
-                let record = s.commit_record(|f: &FileRef| f.dir.path.display().to_string());
+                // Its deletion holds the lock while it removes the files: a shuffle found not
+                // deleted here keeps its directories until the record is written.
+                let mut writer = s.record_writer();
+                if s.is_deleted() {
+                    return Err(std::io::Error::other("the shuffle was deleted meanwhile"));
+                }
+                let record = writer.record(|f: &FileRef| f.dir.path.display().to_string());
                 crate::durable::rewrite(&storage, s.key(), &record)
             })
             .await
             .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+            if written.is_err() && shuffle.is_deleted() {
+                return Err(Offload::Skipped("the shuffle was deleted meanwhile".into()));
+            }
             if let Err(e) = written {
                 return Err(Offload::Failed(format!(
                     "the commit record could not be rewritten ({e}); the partition is served \
@@ -1240,4 +1274,29 @@ fn chunk_frame_overhead() -> u64 {
         let m = Message::ChunkData(ChunkData { stream_id: u64::MAX, chunk_index: u32::MAX });
         sluice_proto::encode_frame(u32::MAX, &m, &[]).len() as u64
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_transport::PeerIdentity;
+
+    #[test]
+    fn only_a_user_that_can_be_vouched_for_counts_for_quotas() {
+        let conn = |identity| ConnInfo {
+            id: 1,
+            peer: "127.0.0.1:1".parse().unwrap(),
+            local: None,
+            app_id: None,
+            identity,
+            max_frame_bytes: 1 << 20,
+        };
+        let r = RegisterApp { app_id: "m-1".into(), user: "etl".into() };
+        // An application's credential proves its id, not the user it names.
+        assert_eq!(vouched_user(&conn(PeerIdentity::App("m-1".into())), &r), None);
+        assert_eq!(vouched_user(&conn(PeerIdentity::Anyone), &r), Some("etl"));
+        assert_eq!(vouched_user(&conn(PeerIdentity::Cluster), &r), Some("etl"));
+        let none = RegisterApp { app_id: "m-1".into(), user: String::new() };
+        assert_eq!(vouched_user(&conn(PeerIdentity::Anyone), &none), None);
+    }
 }

@@ -119,11 +119,26 @@ pub async fn shutdown_signal() {
 /// Binds the admin endpoint on `listen` and serves `router` on it in the background (for the
 /// process's life), over TLS with the process's certificate when `tls` is set. Prints
 /// `metrics on ADDR`, which scripts and the tests read.
+/// The warning due when the protocol port asks for credentials (`secret`) but the admin
+/// endpoint's writes (drain, unregister: a job's data deleted) need no token.
+fn open_admin_writes(secret: bool, token: bool, listen: &str) -> Option<String> {
+    (secret && !token).then(|| {
+        format!(
+            "authentication is on but admin_token is not set: anyone who reaches {listen} can \
+             drain servers and unregister applications (deleting their data); set admin_token"
+        )
+    })
+}
+
 async fn serve_admin(
     listen: &str,
     router: axum::Router,
     tls: Option<sluice_transport::TlsServerConfig>,
+    (secret, token): (bool, bool),
 ) -> anyhow::Result<()> {
+    if let Some(warning) = open_admin_writes(secret, token, listen) {
+        tracing::warn!("{warning}");
+    }
     let l = TcpListener::bind(listen).await.with_context(|| format!("binding metrics {listen}"))?;
     println!("metrics on {}", l.local_addr()?);
     tokio::spawn(async move {
@@ -161,8 +176,10 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     let listener = bind(&listen).await?;
     if let Some(m) = &args.common.metrics_listen {
         let token = server.state().config().admin_token.clone();
-        let tls = server.state().config().transport.tls.clone();
-        serve_admin(m, sluice_admin::server_router(server.handle(), token), tls).await?;
+        let transport = &server.state().config().transport;
+        let auth = (transport.secret.is_some(), token.is_some());
+        let router = sluice_admin::server_router(server.handle(), token);
+        serve_admin(m, router, transport.tls.clone(), auth).await?;
     }
     let state = server.state().clone();
     server.serve(listener, server_stop(state)).await?;
@@ -274,9 +291,24 @@ pub async fn coordinator(args: CoordinatorArgs) -> anyhow::Result<()> {
     let coord = sluice_coordinator::Coordinator::new(config).map_err(anyhow::Error::msg)?;
     if let Some(m) = &args.common.metrics_listen {
         let token = coord.config().admin_token.clone();
-        let tls = coord.config().transport.tls.clone();
-        serve_admin(m, sluice_admin::coordinator_router(coord.clone(), token), tls).await?;
+        let transport = &coord.config().transport;
+        let auth = (transport.secret.is_some(), token.is_some());
+        let router = sluice_admin::coordinator_router(coord.clone(), token);
+        serve_admin(m, router, transport.tls.clone(), auth).await?;
     }
     coord.serve(listener, shutdown_signal()).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admin_writes_open_under_authentication_are_warned_of() {
+        let w = open_admin_writes(true, false, "0.0.0.0:9099").expect("a warning");
+        assert!(w.contains("admin_token") && w.contains("0.0.0.0:9099"), "{w}");
+        assert_eq!(open_admin_writes(true, true, "x"), None);
+        assert_eq!(open_admin_writes(false, false, "x"), None, "no authentication: open by design");
+    }
 }

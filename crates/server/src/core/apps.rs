@@ -9,6 +9,8 @@ use sluice_proto::message::RegisterShuffle;
 use sluice_proto::ErrorCode;
 
 use super::key::ShuffleKey;
+use super::partition::Removal;
+use super::record::Stamp;
 use super::refusal::Refusal;
 use super::report::{idle_ms, AppReport};
 use super::shuffle::Shuffle;
@@ -42,12 +44,27 @@ pub struct Deleted<F> {
     pub key: ShuffleKey,
     /// Its partitions' current files, which may be recycled.
     pub files: Vec<F>,
+    /// Their earlier files, to retire (never created from now on), not recycled.
+    pub older: Vec<F>,
+    /// Its record writers' lock ([`Shuffle::record_writer`]), held while its files are removed.
+    record: Arc<Mutex<Stamp>>,
     /// Keys of the objects in the object store that held its offloaded partitions.
     pub objects: Vec<String>,
     /// Until this is dropped (with the rest, once the shell has removed the files), the
     /// shuffle counts as being deleted: registering its key again is refused
     /// ([`Apps::is_deleting`]), so that a new shuffle's files never meet the old one's removal.
     _deleting: DeletingMark,
+}
+
+impl<F> Deleted<F> {
+    /// The lock of its commit record's writers: held while the shuffle's files are removed,
+    /// it waits for a record being written to be done and keeps another from being written (a
+    /// writer that takes it next finds the shuffle deleted and writes none), so that no record
+    /// lands in a directory after its removal, where a shuffle registered again with the key
+    /// would find it.
+    pub fn record_writers(&self) -> Arc<Mutex<Stamp>> {
+        self.record.clone()
+    }
 }
 
 /// Holds a deleted shuffle's key among those being deleted; dropping it ends that.
@@ -71,11 +88,27 @@ pub struct Apps<F> {
     /// Keys of deleted shuffles whose files are still being removed; taken inside `apps`'s
     /// lock where both are (a key enters it as its shuffle leaves the map).
     deleting: Deleting,
+    /// Most partitions an application's shuffles may hold together ([`Self::with_max_partitions_per_app`]).
+    max_app_partitions: u64,
 }
 
 impl<F> Default for Apps<F> {
     fn default() -> Self {
-        Apps { apps: Mutex::new(HashMap::new()), deleting: Arc::default() }
+        Apps {
+            apps: Mutex::new(HashMap::new()),
+            deleting: Arc::default(),
+            max_app_partitions: u64::MAX,
+        }
+    }
+}
+
+impl<F> Apps<F> {
+    /// Refuses a registration that would take an application's shuffles past `n` partitions
+    /// together: each partition's state is allocated at registration, so a tenant registering
+    /// shuffle after shuffle would otherwise take the server's memory with a few bytes each.
+    pub fn with_max_partitions_per_app(mut self, n: u64) -> Self {
+        self.max_app_partitions = n;
+        self
     }
 }
 
@@ -140,6 +173,17 @@ impl<F: Clone> Apps<F> {
                 Ok(())
             }
             None => {
+                let held: u64 = app.shuffles.values().map(|s| u64::from(s.num_partitions())).sum();
+                let limit = self.max_app_partitions;
+                if held + u64::from(r.num_partitions) > limit {
+                    let why = format!(
+                        "{key} not registered: {} partitions with the {held} its application's \
+                         shuffles hold here would pass max_partitions_per_app ({limit}); \
+                         unregister shuffles it no longer needs",
+                        r.num_partitions
+                    );
+                    return Err(Refusal::new(ErrorCode::QuotaExceeded, why));
+                }
                 let s = Shuffle::new(key, r.num_maps, r.num_partitions, chunk_bytes)
                     .with_split_bytes(split_bytes);
                 app.shuffles.insert(r.shuffle_id, Arc::new(s));
@@ -317,6 +361,7 @@ impl<F: Clone> Apps<F> {
 }
 
 fn delete<F: Clone>(s: &Shuffle<F>, deleting: DeletingMark) -> Deleted<F> {
-    let (files, objects) = s.delete();
-    Deleted { key: s.key().clone(), files, objects, _deleting: deleting }
+    let Removal { current: files, older, objects } = s.delete();
+    let record = s.record_lock();
+    Deleted { key: s.key().clone(), files, older, objects, record, _deleting: deleting }
 }

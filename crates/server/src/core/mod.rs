@@ -57,4 +57,4 @@ pub use refusal::Refusal;
 pub use report::{AppReport, ShuffleReport};
 pub use shuffle::Lifecycle;
 pub use shuffle::Shuffle;
-pub use streams::Streams;
+pub use streams::{stream_not_open, Streams};

@@ -96,6 +96,25 @@ impl<F> FlushPlan<F> {
     }
 }
 
+/// What a deleted shuffle (or partition) leaves for the shell to remove.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Removal<F> {
+    /// Each partition's current file, which may be recycled.
+    pub current: Vec<F>,
+    /// Their earlier files (a partition moves on to a new file when a write fails): never to
+    /// be created from now on (one whose creation failed might be made by a flush still in
+    /// flight, after the shuffle's directory is removed), not recycled.
+    pub older: Vec<F>,
+    /// Keys of the objects in the object store that held its offloaded partitions.
+    pub objects: Vec<String>,
+}
+
+impl<F> Default for Removal<F> {
+    fn default() -> Self {
+        Removal { current: Vec::new(), older: Vec::new(), objects: Vec::new() }
+    }
+}
+
 /// One of a partition's files, with its write cursor.
 #[derive(Debug)]
 struct PartitionFile<F> {
@@ -483,13 +502,17 @@ impl<F: Clone> Partition<F> {
     /// Forgets everything (the shuffle is deleted); returns the current file, which the shell
     /// may recycle, and the keys of the objects holding its data in the object store, which
     /// the shell deletes.
-    pub(super) fn delete(&mut self) -> (Option<F>, Vec<String>) {
+    pub(super) fn delete(&mut self) -> Removal<F> {
         self.health = Health::Deleted;
         self.buffer = Buffer::default();
         self.chunks = Vec::new();
         let current = self.files.pop().map(|f| f.handle);
-        self.files = Vec::new();
-        (current, std::mem::take(&mut self.objects))
+        let older = std::mem::take(&mut self.files).into_iter().map(|f| f.handle).collect();
+        Removal {
+            current: current.into_iter().collect(),
+            older,
+            objects: std::mem::take(&mut self.objects),
+        }
     }
 
     /// Every file with where the partition's data in it ends (page padding included): the

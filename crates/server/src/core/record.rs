@@ -4,9 +4,14 @@
 //!
 //! Layout: the magic `SLUICEIX`, then sections, each `length: u32 LE | crc32c: u32 LE | payload`
 //! (payloads are `postcard`): first the header (version, shuffle key and sizes, map ends), then
-//! one section per partition, in partition order. Each section has its own checksum, so damage
-//! costs only what it hits: a bad or missing partition section makes that partition lost
-//! (readers get `DATA_LOST`, never wrong bytes); a bad header makes the whole shuffle lost.
+//! one section per partition, in partition order, then the [`Stamp`]. Each section has its own
+//! checksum, so damage costs only what it hits: a bad or missing partition section makes that
+//! partition lost (readers get `DATA_LOST`, never wrong bytes); a bad header makes the whole
+//! shuffle lost; a bad stamp makes the copy count as the oldest (see `durable::merge`).
+//!
+//! The stamp came after the first records: older ones end with the last partition (their
+//! stamp reads as zero), and an older server reads a newer record to the last partition and
+//! never looks further, so the layout's version did not change with it.
 
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +25,36 @@ const MAGIC: &[u8; 8] = b"SLUICEIX";
 const VERSION: u32 = 2;
 /// Bytes before each section's payload.
 const SECTION_HEADER: usize = 8;
+
+/// Which registration of a shuffle a record is of, and how many records of it were made before:
+/// the copies of a record on several directories can differ (one on a directory that failed
+/// while the others were written again, one of a shuffle deleted and registered again), and the
+/// newest is the one to trust.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Stamp {
+    /// Tells the registrations of one shuffle key apart, later ones higher: microseconds since
+    /// the epoch when it was registered (one more than the last one given out, if the clock
+    /// says less). 0: a record from before the stamp.
+    pub incarnation: u64,
+    /// Records of this registration made before this one.
+    pub revision: u64,
+}
+
+impl Stamp {
+    /// A stamp for a shuffle registered now: its first record's.
+    pub(super) fn registered_now() -> Stamp {
+        static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        let now = now.map_or(1, |d| d.as_micros() as u64);
+        let previous = LAST.fetch_update(
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+            |last| Some(now.max(last + 1)),
+        );
+        let last = previous.unwrap_or_else(|last| last);
+        Stamp { incarnation: now.max(last + 1), revision: 0 }
+    }
+}
 
 /// The header as written (the map ends borrowed, not copied).
 #[derive(Serialize)]
@@ -93,6 +128,8 @@ pub struct Decoded {
     pub(super) maps: MapEnds,
     /// Each partition's record, or why it cannot be trusted (a bad or missing section).
     pub partitions: Vec<Result<PartitionRecord, String>>,
+    /// Its stamp; zero when it has none (older records) or it is damaged.
+    pub stamp: Stamp,
 }
 
 /// Appends one section (the `postcard` bytes of `value`, with its length and checksum) to `out`.
@@ -153,6 +190,11 @@ pub(super) fn put_partition(out: &mut Vec<u8>, partition: &PartitionOut<'_>) {
     put_section(out, partition);
 }
 
+/// Ends a record, its partitions all put, with its stamp.
+pub(super) fn finish(out: &mut Vec<u8>, stamp: Stamp) {
+    put_section(out, &stamp);
+}
+
 /// Reads a record back; `Err` when its header cannot be trusted (the whole shuffle is lost).
 pub fn decode(data: &[u8]) -> Result<Decoded, String> {
     if data.get(..MAGIC.len()) != Some(MAGIC) {
@@ -186,6 +228,13 @@ pub fn decode(data: &[u8]) -> Result<Decoded, String> {
         };
         partitions.push(record);
     }
+    // Only after partitions all read: past a damaged one, where it starts is not known.
+    let stamp = match (&broken, data.len() > at) {
+        (None, true) => take_section(data, &mut at)
+            .and_then(|s| postcard::from_bytes::<Stamp>(s).map_err(|e| e.to_string()))
+            .unwrap_or_default(),
+        _ => Stamp::default(),
+    };
     Ok(Decoded {
         app_id: header.app_id,
         shuffle_id: header.shuffle_id,
@@ -194,6 +243,7 @@ pub fn decode(data: &[u8]) -> Result<Decoded, String> {
         chunk_bytes: header.chunk_bytes,
         maps: header.maps,
         partitions,
+        stamp,
     })
 }
 
@@ -317,8 +367,11 @@ mod tests {
                 },
             );
         }
+        finish(&mut out, STAMP);
         out
     }
+
+    const STAMP: Stamp = Stamp { incarnation: 1_700_000_000_000_000, revision: 2 };
 
     /// A wide shuffle's record: `maps` maps, each with one 36-byte batch in each of
     /// `partitions` partitions, one chunk per partition.
@@ -433,6 +486,26 @@ mod tests {
         let Ok(PartitionRecord::Stored { files, chunks }) = &d.partitions[0] else { panic!() };
         assert_eq!((files.len(), chunks.len(), chunks[1].file()), (2, 2, 1));
         assert_eq!(d.partitions[2], Ok(PartitionRecord::Lost("disk failed".into())));
+        assert_eq!(d.stamp, STAMP);
+    }
+
+    #[test]
+    fn a_record_from_before_the_stamp_reads_with_stamp_zero() {
+        let with = record();
+        // The stamp's section is the last: 8 bytes of section header and its payload.
+        let payload = postcard::to_allocvec(&STAMP).unwrap().len();
+        let without = &with[..with.len() - SECTION_HEADER - payload];
+        let d = decode(without).unwrap();
+        assert_eq!(d.stamp, Stamp::default());
+        assert!(d.partitions.iter().all(Result::is_ok));
+    }
+
+    #[test]
+    fn stamps_of_later_registrations_are_higher() {
+        let stamps: Vec<Stamp> = (0..1000).map(|_| Stamp::registered_now()).collect();
+        assert!(stamps.windows(2).all(|w| w[0].incarnation < w[1].incarnation));
+        assert!(stamps[0].incarnation > 1_700_000_000_000_000, "microseconds since the epoch");
+        assert!(stamps.iter().all(|s| s.revision == 0));
     }
 
     #[test]
@@ -441,6 +514,8 @@ mod tests {
         // Every single flipped byte: never a wrong record, either the header fails (whole
         // shuffle lost) or some partitions are reported damaged and the others are intact.
         let whole = decode(&good).unwrap();
+        // A damaged stamp makes the copy the oldest (zero), nothing else.
+        let seen = |d: &Decoded| d.partitions.iter().any(|p| p.is_err()) || d.stamp != STAMP;
         for i in 0..good.len() {
             let mut bad = good.clone();
             bad[i] ^= 0x5A;
@@ -448,7 +523,7 @@ mod tests {
                 Err(_) => {}
                 Ok(d) => {
                     assert_eq!(d.partitions.len(), 3, "byte {i}");
-                    assert!(d.partitions.iter().any(|p| p.is_err()), "byte {i}: damage unseen");
+                    assert!(seen(&d), "byte {i}: damage unseen");
                     for (p, w) in d.partitions.iter().zip(&whole.partitions) {
                         if let Ok(p) = p {
                             assert_eq!(Ok(p), w.as_ref(), "byte {i}: a wrong partition record");
@@ -460,7 +535,7 @@ mod tests {
         // Truncated anywhere: the same.
         for n in 0..good.len() {
             if let Ok(d) = decode(&good[..n]) {
-                assert!(d.partitions.iter().any(|p| p.is_err()), "cut at {n}: loss unseen");
+                assert!(seen(&d), "cut at {n}: loss unseen");
             }
         }
         assert!(decode(b"").is_err());

@@ -14,8 +14,8 @@ use super::buffer::COPY_BELOW;
 use super::chunk::{ByteRange, Chunk, Run};
 use super::key::ShuffleKey;
 use super::maps::{Ended, MapEnds};
-use super::partition::{ChunkSource, FileSource, FlushOutcome, FlushPlan, Partition};
-use super::record::{self, Decoded, PartitionRecord};
+use super::partition::{ChunkSource, FileSource, FlushOutcome, FlushPlan, Partition, Removal};
+use super::record::{self, Decoded, PartitionRecord, Stamp};
 use super::refusal::Refusal;
 use super::report::ShuffleReport;
 use crate::memory_budget::Reservation;
@@ -97,8 +97,9 @@ pub struct Shuffle<F> {
     /// Open and empty while the server stops: pushes get `SHUTTING_DOWN` (retriable) until the
     /// restarted server, which serves it open again from its record, takes them.
     parked: std::sync::atomic::AtomicBool,
-    /// Held while a commit record of the shuffle is made and written ([`Self::record_writer`]).
-    record: Mutex<()>,
+    /// Held while a commit record of the shuffle is made and written ([`Self::record_writer`]),
+    /// and by its deletion while it removes the shuffle's files; the stamp of its next record.
+    record: Arc<Mutex<Stamp>>,
     /// Its commit record is written, or it has none to write (`durable_commit` off): only then
     /// may its partitions move to the object store ([`Self::offloadable`]).
     recorded: std::sync::atomic::AtomicBool,
@@ -119,7 +120,7 @@ impl<F: Clone> Shuffle<F> {
             flushes_in_flight: AtomicU64::new(0),
             lost: None,
             parked: std::sync::atomic::AtomicBool::new(false),
-            record: Mutex::new(()),
+            record: Arc::new(Mutex::new(Stamp::registered_now())),
             recorded: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -210,7 +211,8 @@ impl<F: Clone> Shuffle<F> {
             flushes_in_flight: AtomicU64::new(0),
             lost: None,
             parked: std::sync::atomic::AtomicBool::new(false),
-            record: Mutex::new(()),
+            // Its registration's, and later than the record read.
+            record: Arc::new(Mutex::new(Stamp { revision: d.stamp.revision + 1, ..d.stamp })),
             // Read back from its record: written, if it says the shuffle was committed (an open
             // one is recorded again when it commits).
             recorded: std::sync::atomic::AtomicBool::new(lifecycle == Lifecycle::Readable),
@@ -241,6 +243,11 @@ impl<F: Clone> Shuffle<F> {
     /// partition's files, named by `name`, and chunk index. Of a parked one (see
     /// [`Self::park`]): its registration, marked not sealed, read back as an open shuffle.
     pub fn commit_record(&self, name: impl Fn(&F) -> String) -> Vec<u8> {
+        self.record_writer().record(name)
+    }
+
+    /// [`Self::commit_record`], stamped `stamp`.
+    fn stamped_record(&self, stamp: Stamp, name: impl Fn(&F) -> String) -> Vec<u8> {
         let mut out = record::start(
             (self.key.app_id(), self.key.shuffle_id()),
             (self.num_maps, self.chunk_bytes),
@@ -250,6 +257,7 @@ impl<F: Clone> Shuffle<F> {
         for p in self.partitions.iter() {
             record::put_partition(&mut out, &p.lock().record(&name));
         }
+        record::finish(&mut out, stamp);
         out
     }
 
@@ -749,17 +757,19 @@ impl<F: Clone> Shuffle<F> {
     }
 
     /// Deletes the shuffle: it serves nothing from now on and every buffer is freed. Returns
-    /// the partitions' current files, which the shell may recycle, and the keys of the objects
-    /// in the object store that held its offloaded partitions, which the shell deletes.
-    pub fn delete(&self) -> (Vec<F>, Vec<String>) {
+    /// its partitions' files, which the shell retires (the current ones it may recycle), and
+    /// the keys of the objects in the object store that held its offloaded partitions, which
+    /// the shell deletes.
+    pub fn delete(&self) -> Removal<F> {
         self.advance(Lifecycle::Deleted);
-        let (mut files, mut objects) = (Vec::new(), Vec::new());
+        let mut all = Removal::default();
         for p in self.partitions.iter() {
-            let (file, keys) = p.lock().delete();
-            files.extend(file);
-            objects.extend(keys);
+            let Removal { current, older, objects } = p.lock().delete();
+            all.current.extend(current);
+            all.older.extend(older);
+            all.objects.extend(objects);
         }
-        (files, objects)
+        all
     }
 
     /// The partitions of a readable shuffle that may move to the object store, each with its
@@ -776,9 +786,17 @@ impl<F: Clone> Shuffle<F> {
 
     /// Held by whoever makes and writes a commit record of the shuffle (the commit, a move to the
     /// object store), from reading its state to the record's publication: two writers one
-    /// after the other, so the record written last holds the state seen last. Blocking.
-    pub fn record_writer(&self) -> parking_lot::MutexGuard<'_, ()> {
-        self.record.lock()
+    /// after the other, so the record written last holds the state seen last, and stamped
+    /// later. Its deletion holds it too while it removes the files ([`Self::record_lock`]): a
+    /// writer holding it that finds the shuffle not deleted writes before the removal.
+    /// Blocking.
+    pub fn record_writer(&self) -> RecordWriter<'_, F> {
+        RecordWriter { shuffle: self, stamp: self.record.lock() }
+    }
+
+    /// The lock [`Self::record_writer`] holds, for the deletion (see `Deleted`).
+    pub(super) fn record_lock(&self) -> Arc<Mutex<Stamp>> {
+        self.record.clone()
     }
 
     /// Its commit record is written (or it has none: `durable_commit` off); see
@@ -811,6 +829,22 @@ impl<F: Clone> Shuffle<F> {
     /// Bytes of its chunks that are in the object store.
     pub fn offloaded_bytes(&self) -> u64 {
         self.partitions.iter().map(|p| p.lock().offloaded_bytes()).sum()
+    }
+}
+
+/// The right to make a shuffle's commit records ([`Shuffle::record_writer`]), each stamped
+/// later than the one before.
+pub struct RecordWriter<'a, F> {
+    shuffle: &'a Shuffle<F>,
+    stamp: parking_lot::MutexGuard<'a, Stamp>,
+}
+
+impl<F: Clone> RecordWriter<'_, F> {
+    /// The shuffle's commit record now (see [`Shuffle::commit_record`]).
+    pub fn record(&mut self, name: impl Fn(&F) -> String) -> Vec<u8> {
+        let stamp = *self.stamp;
+        self.stamp.revision += 1;
+        self.shuffle.stamped_record(stamp, name)
     }
 }
 

@@ -71,7 +71,7 @@ impl<F: Clone, B: Clone> Streams<F, B> {
     ) -> Result<B, Refusal> {
         let mut open = self.open.lock();
         let Some(s) = open.get_mut(&id).filter(|s| !s.shuffle.is_deleted()) else {
-            return Err(Refusal::new(ErrorCode::UnknownStream, format!("stream {id} is not open")));
+            return Err(stream_not_open(id));
         };
         if !may_read(s.shuffle.key().app_id()) {
             return Err(not_yours(id));
@@ -117,6 +117,11 @@ impl<F: Clone, B: Clone> Streams<F, B> {
 }
 
 /// The refusal of another application's stream.
+/// The refusal of a stream that is not open.
+pub fn stream_not_open(id: u64) -> Refusal {
+    Refusal::new(ErrorCode::UnknownStream, format!("stream {id} is not open"))
+}
+
 fn not_yours(id: u64) -> Refusal {
     Refusal::new(ErrorCode::Unauthorized, format!("stream {id} belongs to another application"))
 }

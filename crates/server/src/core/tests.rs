@@ -7,6 +7,7 @@ use bytes::{Bytes, BytesMut};
 use sluice_proto::message::{MapAttempt, OpenStream, RegisterShuffle, Section};
 use sluice_proto::ErrorCode;
 
+use super::partition::Removal;
 use super::*;
 use crate::memory_budget::MemoryBudget;
 
@@ -385,12 +386,80 @@ fn a_report_says_what_each_shuffle_holds() {
 }
 
 #[test]
+fn a_deleted_shuffle_hands_back_every_file_of_a_partition_not_only_its_current_one() {
+    // A write to file 0 failed and the flusher moved the plan to file 1: both are the
+    // partition's, and the shell must retire both (a flush still holding file 0 would make it
+    // again under the removal of the shuffle's directory).
+    let mut files = Numbers::default();
+    let s = shuffle(10);
+    let body = batch_body(0, 0, 100);
+    let mut plan = s.push(&[section(0, &body)], &body, None, &files).flushes.pop().unwrap();
+    files.move_on = true;
+    s.retarget(&mut plan, &files).unwrap();
+    s.flushed(plan, FlushOutcome::Written);
+    let removal = s.delete();
+    assert_eq!((removal.current, removal.older), (vec![1], vec![0]));
+}
+
+#[test]
+fn an_applications_shuffles_hold_at_most_their_share_of_partitions() {
+    let apps: Apps<u32> = Apps::default().with_max_partitions_per_app(250);
+    let now = Instant::now();
+    let reg = |app: &str, id, n| {
+        let r = RegisterShuffle {
+            app_id: app.into(),
+            shuffle_id: id,
+            num_maps: 1,
+            num_partitions: n,
+            ..Default::default()
+        };
+        apps.register_shuffle(&r, 10, 0, now)
+    };
+    reg("a", 1, 100).unwrap();
+    reg("a", 2, 100).unwrap();
+    reg("a", 1, 100).unwrap(); // again: holds nothing more
+    let e = reg("a", 3, 51).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::QuotaExceeded);
+    assert!(e.reason().contains("max_partitions_per_app (250)"), "{}", e.reason());
+    reg("a", 3, 50).unwrap();
+    reg("b", 1, 250).unwrap(); // another application's own share
+    apps.unregister_shuffle("a", 2).unwrap();
+    reg("a", 4, 100).unwrap();
+}
+
+#[test]
+fn a_deletion_waits_for_a_record_being_written_and_stamps_grow() {
+    let apps: Apps<u32> = Apps::default();
+    register(&apps, "app", 2, 10, Instant::now());
+    let s = apps.shuffle("app", 1).unwrap();
+    let mut writer = s.record_writer();
+    let stamps: Vec<_> =
+        (0..3).map(|_| decode_record(&writer.record(|f| f.to_string())).unwrap().stamp).collect();
+    assert!(stamps[0] < stamps[1] && stamps[1] < stamps[2], "{stamps:?}");
+    // Deleted while a record is being written: its files are removed only once it is written
+    // (the shell holds this lock while it removes them).
+    let deleted = apps.unregister_shuffle("app", 1).unwrap().unwrap();
+    let writers = deleted.record_writers();
+    assert!(writers.try_lock().is_none(), "the deletion would not wait for the writer");
+    drop(writer);
+    assert!(writers.try_lock().is_some());
+    // A record read back is followed by later ones.
+    let back = Shuffle::recovered(
+        decode_record(&s.commit_record(|f| f.to_string())).unwrap(),
+        |_, n, _, _| Ok(n),
+    );
+    let next = decode_record(&back.commit_record(|f| f.to_string())).unwrap().stamp;
+    assert!(next > stamps[2] && next.incarnation == stamps[0].incarnation, "{next:?}");
+}
+
+#[test]
 fn a_deleted_or_lost_partition_never_opens_a_file_again() {
     let mut files = Numbers::default();
     let s = shuffle(10);
     let body = batch_body(0, 0, 100);
     let mut plan = s.push(&[section(0, &body)], &body, None, &files).flushes.pop().unwrap();
-    assert_eq!(s.delete(), (vec![0], vec![]), "unregistered while the plan's write is failing");
+    let removal = Removal { current: vec![0], ..Removal::default() };
+    assert_eq!(s.delete(), removal, "unregistered while the plan's write is failing");
     files.move_on = true; // the write failed: the flusher moves the plan
     assert!(s.retarget(&mut plan, &files).is_err(), "no file for a deleted shuffle");
     assert_eq!(files.next.get(), 1, "nothing opened");
@@ -561,8 +630,7 @@ fn an_offloaded_partition_serves_objects_survives_its_record_and_deletes_them() 
     assert_eq!(bodies, vec!["File(100)".to_owned()], "partition 1 is still local");
 
     // Deleting hands the objects back to be deleted; a move after the deletion is refused.
-    let (_, objects) = s.delete();
-    assert_eq!(objects, vec!["k0".to_owned()]);
+    assert_eq!(s.delete().objects, vec!["k0".to_owned()]);
     assert!(s.offloaded(1, vec!["k2".into()]).is_err(), "deleted meanwhile");
 }
 
