@@ -65,7 +65,9 @@ impl BusyGate {
     }
 
     /// Waits until a push may be sent. `Err(n)`: the server refused pushes `n` back-offs in a
-    /// row, more than `max_refusals`; the push gives up. A calm gate costs one lock.
+    /// row, more than `max_refusals`, and its last back-off is not over; the push gives up.
+    /// Once it is over, one push goes as a probe again (a server busy for a long spell is not
+    /// given up on for good). A calm gate costs one lock.
     pub(crate) async fn enter(self: &Arc<Self>, max_refusals: u32) -> Result<Pass, u32> {
         match self.try_pass(max_refusals, false) {
             Try::Pass(pass) => return Ok(pass),
@@ -99,7 +101,7 @@ impl BusyGate {
     /// waiting (a [`Waiting`] undoes that).
     fn try_pass(self: &Arc<Self>, max_refusals: u32, wait: bool) -> Try {
         let mut s = self.state();
-        if s.refusals > max_refusals {
+        if s.refusals > max_refusals && s.retry_at.is_some_and(|at| Instant::now() < at) {
             return Try::GiveUp(s.refusals);
         }
         let wake_at = match (s.window, s.retry_at) {
@@ -306,5 +308,11 @@ mod tests {
             g.enter(3).await.unwrap().refused(BACKOFF);
         }
         assert_eq!(g.enter(3).await.err(), Some(4));
+        // The back-off over, a push goes as a probe again; taken, the gate is calm.
+        tokio::time::sleep(BACKOFF * 2).await;
+        let probe = tokio::time::timeout(BACKOFF * 10, g.enter(3)).await;
+        probe.expect("the probe waits no longer than a back-off").unwrap().acknowledged();
+        assert_eq!(g.state().refusals, 0);
+        g.enter(3).await.unwrap();
     }
 }

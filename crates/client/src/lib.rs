@@ -633,28 +633,43 @@ impl ShuffleClient {
         Ok(sizes)
     }
 
-    /// Deletes a shuffle's data on its servers and forgets it at the coordinator.
+    /// Deletes a shuffle's data on its servers and forgets it at the coordinator. Every server
+    /// and the coordinator are told, whichever fail (one gone must not leave the others holding
+    /// the data until the application ends); the first failure is returned.
     pub async fn unregister_shuffle(&self, a: &Assignment) -> Result<(), ClientError> {
         let msg = Message::from(UnregisterShuffle {
             app_id: self.inner.app_id.clone(),
             shuffle_id: a.shuffle_id,
         });
         self.inner.splits.lock().remove(&a.shuffle_id);
-        for addr in server_addrs(a).await? {
-            self.request(addr, msg.clone()).await?;
+        let mut first: Option<ClientError> = None;
+        for s in &a.servers {
+            let hp = format!("{}:{}", s.host, s.port);
+            let addr = tokio::net::lookup_host(&hp).await.ok().and_then(|mut i| i.next());
+            let told = match addr {
+                Some(addr) => self.request(addr, msg.clone()).await.map(drop),
+                None => Err(ClientError::Resolve(hp)),
+            };
+            if let Err(e) = told {
+                first.get_or_insert(e);
+            }
         }
         let _ = self.coordinator_request(msg).await;
-        Ok(())
+        first.map_or(Ok(()), Err)
     }
 
-    /// Ends the application: its data is deleted on `servers` and at the coordinators.
+    /// Ends the application: its data is deleted on `servers` and at the coordinators. Every
+    /// server is told, whichever fail; the first failure is returned.
     pub async fn unregister_app(&self, servers: &[SocketAddr]) -> Result<(), ClientError> {
         let msg = Message::from(UnregisterApp { app_id: self.inner.app_id.clone() });
+        let mut first: Option<ClientError> = None;
         for s in servers {
-            self.request(*s, msg.clone()).await?;
+            if let Err(e) = self.request(*s, msg.clone()).await {
+                first.get_or_insert(e);
+            }
         }
         let _ = self.coordinator_request(msg).await;
-        Ok(())
+        first.map_or(Ok(()), Err)
     }
 
     /// A writer for one map attempt.

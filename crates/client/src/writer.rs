@@ -105,6 +105,19 @@ impl ShuffleWriter {
         })
     }
 
+    /// Partition `partition`'s index in the writer's buffers; `INVALID_REQUEST` for one the
+    /// shuffle does not have (as the server would answer).
+    fn index_of(&self, partition: u32) -> Result<usize, ClientError> {
+        let p = partition as usize;
+        if p < self.open.len() {
+            return Ok(p);
+        }
+        Err(ClientError::Server {
+            code: ErrorCode::InvalidRequest,
+            message: format!("partition {partition}: the shuffle has {}", self.open.len()),
+        })
+    }
+
     /// Appends one record (`u32` length + bytes) to a partition.
     pub async fn write_record(&mut self, partition: u32, record: &[u8]) -> Result<(), ClientError> {
         self.write_record_parts(partition, &[record]).await
@@ -118,7 +131,7 @@ impl ShuffleWriter {
         partition: u32,
         parts: &[&[u8]],
     ) -> Result<(), ClientError> {
-        let p = partition as usize;
+        let p = self.index_of(partition)?;
         let len: usize = parts.iter().map(|s| s.len()).sum();
         let need = 4 + len;
         // A record that does not fit the open batch's buffer closes the batch first: growing
@@ -148,7 +161,7 @@ impl ShuffleWriter {
     /// a buffer behind the batch's header. [`add_batch_bytes`](Self::add_batch_bytes) takes one
     /// the caller already holds as [`Bytes`] without copying it.
     pub async fn add_batch(&mut self, partition: u32, payload: &[u8]) -> Result<(), ClientError> {
-        let p = partition as usize;
+        let p = self.index_of(partition)?;
         self.seal(p).await?;
         let mut buf = BytesMut::with_capacity(BATCH_HEADER_LEN + payload.len());
         buf.put_bytes(0, BATCH_HEADER_LEN);
@@ -166,7 +179,7 @@ impl ShuffleWriter {
         partition: u32,
         payload: Bytes,
     ) -> Result<(), ClientError> {
-        let p = partition as usize;
+        let p = self.index_of(partition)?;
         self.seal(p).await?;
         if payload.is_empty() {
             return Ok(());

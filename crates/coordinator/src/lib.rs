@@ -47,6 +47,9 @@ use sluice_proto::{ErrorCode, MsgType};
 use sluice_transport::{Admission, ConnInfo, Handler, Request, Response, TransportStats};
 use tokio::net::TcpListener;
 
+/// A server not heard from for this long (or ten server timeouts, if longer) is forgotten.
+const LOST_SERVERS_FORGOTTEN_AFTER: Duration = Duration::from_secs(3600);
+
 /// Configuration of a `sluice coordinator`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -950,10 +953,16 @@ impl Coordinator {
 
     /// Forgets applications whose heartbeats stopped, with their assignments.
     pub fn expire(&self) {
+        self.expire_at(Instant::now());
+    }
+
+    /// [`Self::expire`] as of `now`.
+    fn expire_at(&self, now: Instant) {
+        let since = |t: Instant| now.saturating_duration_since(t);
         let limit = Duration::from_millis(self.config.app_expiry_ms);
         let mut v = self.view.lock();
         let expired: Vec<String> =
-            v.apps.iter().filter(|(_, t)| t.elapsed() > limit).map(|(a, _)| a.clone()).collect();
+            v.apps.iter().filter(|(_, t)| since(**t) > limit).map(|(a, _)| a.clone()).collect();
         for app in expired {
             tracing::info!(app = %app, "application expired");
             v.apps.remove(&app);
@@ -963,7 +972,18 @@ impl Coordinator {
         let View { apps, app_users, quota, .. } = &mut *v;
         app_users.retain(|a, _| apps.contains_key(a));
         let stale = Duration::from_millis(self.config.server_timeout_ms);
-        quota.retain(|_, h| h.at.elapsed() < stale);
+        quota.retain(|_, h| since(h.at) < stale);
+        // Servers lost long ago are forgotten (listed as lost until then): a server's id is
+        // its host and port by default, and pods that come back elsewhere would otherwise add
+        // one for good each time. One that comes back registers again.
+        let forget = LOST_SERVERS_FORGOTTEN_AFTER.max(stale * 10);
+        v.servers.retain(|id, s| {
+            let keep = since(s.last_seen) < forget;
+            if !keep {
+                tracing::info!(server = %id, "server lost long ago forgotten");
+            }
+            keep
+        });
     }
 
     /// Serves on `listener` until `shutdown` completes.
@@ -1426,6 +1446,20 @@ mod tests {
             identity: sluice_transport::PeerIdentity::Anyone,
             max_frame_bytes: 1 << 20,
         })
+    }
+
+    #[test]
+    fn a_server_lost_long_ago_is_forgotten() {
+        let c = Coordinator::new(CoordinatorConfig::default()).unwrap();
+        beat(&c, "s1", 1, 1 << 30);
+        beat(&c, "s2", 2, 1 << 30);
+        // Two hours on, s2 having beaten meanwhile.
+        let later = Instant::now() + Duration::from_secs(7200);
+        c.view.lock().servers.get_mut("s2").unwrap().last_seen = later;
+        c.expire_at(later);
+        let v = c.view.lock();
+        assert!(!v.servers.contains_key("s1"), "a server lost two hours ago is still listed");
+        assert!(v.servers.contains_key("s2"));
     }
 
     #[test]

@@ -170,6 +170,52 @@ async fn unregister_shuffle_then_app_deletes_files() {
     .await
 }
 
+/// A server of the assignment that is gone does not keep the others from deleting the
+/// shuffle: every server is told, and the failure is still reported. (And a writer refuses a
+/// partition the shuffle does not have.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unregister_tells_every_server_when_one_is_gone() {
+    bounded("unregister_tells_every_server_when_one_is_gone", 60, async {
+        let scratch = Scratch::new();
+        let data = scratch.path().join("data");
+        let server =
+            scratch.server(&ServerSpec { data_dirs: vec![data.clone()], ..Default::default() });
+        let client = client("gone", None);
+        let a = assignment(1, &[server.addr], 2);
+        register_direct(&client, &a, 1).await.unwrap();
+        let mut w = client.writer(a.clone(), 0, 0).await.unwrap();
+        for seq in 0..100u32 {
+            w.write_record(seq % 2, &record(0, 0, seq, 1000)).await.unwrap();
+        }
+        w.finish().await.unwrap();
+        client.commit_shuffle(&a).await.unwrap();
+        let dir = data.join("gone").join("1");
+        assert_eq!(data_files(&dir).len(), 2);
+        // A partition the shuffle does not have is refused by the writer, never a panic.
+        let mut w = client.writer(a.clone(), 0, 1).await.unwrap();
+        assert_eq!(code(w.write_record(2, b"x").await), ErrorCode::InvalidRequest);
+        assert_eq!(code(w.add_batch(u32::MAX, b"x").await), ErrorCode::InvalidRequest);
+        assert_eq!(
+            code(w.add_batch_bytes(7, bytes::Bytes::from_static(b"x")).await),
+            ErrorCode::InvalidRequest
+        );
+        drop(w);
+        // The same shuffle as an assignment whose first server is gone (nothing listens there).
+        let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let mut with_gone = (*a).clone();
+        let dead = ServerAddr {
+            host: gone.ip().to_string(),
+            port: gone.port(),
+            ..with_gone.servers[0].clone()
+        };
+        with_gone.servers.insert(0, dead);
+        let told = client.unregister_shuffle(&with_gone).await;
+        assert!(told.is_err(), "the gone server's failure is reported");
+        assert!(!dir.exists(), "the live server kept the shuffle: {:?}", data_files(&dir));
+    })
+    .await
+}
+
 /// A shuffle registered again with the same id while its 1,000 files are being removed after
 /// its unregistration: the registration is answered once they are gone, not refused, and the
 /// new shuffle's files are its own, whole.

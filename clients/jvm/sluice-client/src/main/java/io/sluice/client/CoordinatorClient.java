@@ -104,6 +104,21 @@ public final class CoordinatorClient {
     }
   }
 
+  /** The coordinators' addresses ("host:port"), in the order they are tried. */
+  public List<String> coordinators() {
+    return coordinators;
+  }
+
+  /** Tells coordinator {@code addr} the application is alive; throws when it did not answer. */
+  public void appHeartbeatTo(String addr, String appId) {
+    expectOk(factory.getClient(addr).callSync(new AppHeartbeat(appId)));
+  }
+
+  /** Tells server {@code s} the application is alive; throws when it did not answer. */
+  public void appHeartbeatToServer(String appId, ShuffleAssignment.Server s) {
+    expectOk(factory.getClient(s).callSync(new AppHeartbeat(appId)));
+  }
+
   /** Unregisters the application from the coordinator. */
   public void unregisterApp(String appId) {
     expectOk(callCoordinator(new UnregisterApp(appId)));

@@ -436,6 +436,14 @@ final class PartStreamReader implements Iterator<ByteBuf>, AutoCloseable {
             + " attempt " + c.attemptId() + ", earlier parts attempt " + before);
       }
       Committed known = committed.get(c.mapId());
+      if (known != null && known.attemptId != c.attemptId() && !known.seen.isEmpty()) {
+        // Re-opened on another copy whose server chose another winner (each server decides
+        // alone without named attempts), after batches of the first were delivered: serving
+        // the other attempt's too would mix two attempts' records. The first stays committed:
+        // this copy's batches of the other attempt are dropped, and the map, short of the
+        // first attempt's batches, ends the read with DATA_LOST.
+        continue;
+      }
       if (known == null || known.attemptId != c.attemptId()) {
         known = new Committed();
         committed.put(c.mapId(), known);

@@ -9,6 +9,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import io.netty.buffer.ByteBuf;
 import io.sluice.protocol.ErrorCode;
 import io.sluice.protocol.ErrorMessage;
+import io.sluice.protocol.FetchChunk;
 import io.sluice.protocol.Frame;
 import io.sluice.protocol.MapperEnd;
 import io.sluice.protocol.MapperEndResult;
@@ -601,6 +602,31 @@ class ShuffleRoundTripTest {
     // Map 0 alone is complete on s1.
     assertEquals(expected(0, new int[] {0}, 0, 6), read(a, 0, 0, 1));
     assertEquals(2, s1.incompleteCopyAnswers.get());
+  }
+
+  /**
+   * Without named attempts each server picks a map's winner itself, and two copies can differ:
+   * a reader that fails over mid-stream, batches of the first copy's winner delivered already,
+   * must not take the other copy's winner too (two attempts' records mixed).
+   */
+  @Test
+  void aFailOverMidStreamKeepsTheWinnerItBeganWith() {
+    ShuffleAssignment a = replicatedShuffle(9, 1, 2);
+    // Attempt 0's MapperEnd reaches s1 only (s2 answers as if it had recorded it); then attempt
+    // 1 ends on both: s1's winner is 0, s2's is 1. Both copies hold both attempts' batches.
+    s2.custom = f -> f.message() instanceof MapperEnd e && e.attemptId() == 0
+        ? new MapperEndResult(0) : null;
+    writeMap(a, 0, 0, 6, true);
+    s2.custom = null;
+    writeMap(a, 0, 1, 6, true);
+    coord.commitShuffle(APP, a);
+    int p = a.primary(0).serverId().equals("s1") ? 0 : 1;
+    assertEquals("s1", a.primary(p).serverId());
+    // s1 serves its first chunk, then fails: the reader goes on on s2.
+    s1.custom = f -> f.message() instanceof FetchChunk fc && fc.chunkIndex() >= 1
+        ? ErrorMessage.of(ErrorCode.INTERNAL, "the disk went away") : null;
+    assertEquals(expected(p, new int[] {0}, 0, 6), read(a, p, 0, 1));
+    s1.custom = null;
   }
 
   /**

@@ -38,6 +38,8 @@ final class SluiceDriver implements AutoCloseable {
   private final String appId;
   private final CoordinatorClient coordinator;
   private final ScheduledExecutorService heartbeats;
+  /** Sends each heartbeat to one coordinator or server on its own (see {@link PeerBeats}). */
+  private final PeerBeats beats = new PeerBeats();
   private final AtomicInteger nextWireShuffleId = new AtomicInteger();
   private final ShuffleGenerationTable table;
   private final TransportClientFactory factory;
@@ -83,6 +85,7 @@ final class SluiceDriver implements AutoCloseable {
       t.setDaemon(true);
       return t;
     });
+
     heartbeats.scheduleWithFixedDelay(this::heartbeat, conf.heartbeatIntervalMs(),
         conf.heartbeatIntervalMs(), TimeUnit.MILLISECONDS);
     LOG.info("Sluice application {} registered with {}", appId, conf.client().coordinators());
@@ -96,18 +99,20 @@ final class SluiceDriver implements AutoCloseable {
     return sparkAppId + "-" + String.format("%08x", new SecureRandom().nextInt());
   }
 
+  /**
+   * One round of heartbeats: to every coordinator and every server, each on its own (see {@link
+   * PeerBeats}). Never throws: a throw would cancel the schedule, and the servers would delete
+   * the application's data.
+   */
   private void heartbeat() {
-    try {
-      coordinator.appHeartbeat(appId);
-    } catch (RuntimeException e) {
-      // The next beat may get through; the coordinator only expires an app after several misses.
-      LOG.warn("Sluice application heartbeat failed: {}", e.toString());
-    }
-    try {
-      coordinator.appHeartbeatToServers(appId, List.copyOf(servers));
-    } catch (RuntimeException e) {
-      LOG.warn("Sluice application heartbeat to the servers failed: {}", e.toString());
-    }
+    beats.round(() -> {
+      for (String addr : coordinator.coordinators()) {
+        beats.send(addr, () -> coordinator.appHeartbeatTo(addr, appId));
+      }
+      for (ShuffleAssignment.Server s : List.copyOf(servers)) {
+        beats.send(s, () -> coordinator.appHeartbeatToServer(appId, s));
+      }
+    });
   }
 
   String appId() {
@@ -190,6 +195,7 @@ final class SluiceDriver implements AutoCloseable {
   @Override
   public void close() {
     heartbeats.shutdownNow();
+    beats.close();
     try {
       coordinator.unregisterApp(appId);
     } catch (RuntimeException e) {
