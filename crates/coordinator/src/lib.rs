@@ -240,7 +240,7 @@ impl Registered {
         Splits { app_id: app_id.to_owned(), shuffle_id: self.assignment.shuffle_id, partitions }
     }
 
-    /// Takes parts a peer made: a longer list than the one known here wins.
+    /// Takes parts a peer made, merged with those known here ([`merge_parts`]).
     fn learn_splits(&mut self, s: &Splits) {
         let n = self.assignment.servers.len();
         for p in &s.partitions {
@@ -255,12 +255,39 @@ impl Registered {
                 );
                 continue;
             }
-            let known = self.splits.get(&p.partition_id).map_or(1, Vec::len);
-            if p.parts.len() > known {
-                self.splits.insert(p.partition_id, p.parts.clone());
+            let first = self.assignment.partitions[p.partition_id as usize].clone();
+            let known = self.splits.entry(p.partition_id).or_insert_with(|| vec![first]);
+            let merged = merge_parts(known, &p.parts);
+            if merged.len() > known.len() {
+                *known = merged;
             }
         }
     }
+}
+
+/// A partition's parts as two coordinators listed them, as one list that both make alike.
+/// One list extending the other: the longer. Two that went apart (each coordinator answered a
+/// `SplitPartition` of the same part count at once, and chose another server for the new
+/// part; writers may have pushed to both): their common start, then the rest of the one whose
+/// next part sorts first, then the other's parts not listed yet. Readers must read every part
+/// that took batches, and every coordinator must list them alike.
+fn merge_parts(mine: &[PartitionLoc], theirs: &[PartitionLoc]) -> Vec<PartitionLoc> {
+    let common = mine.iter().zip(theirs).take_while(|(a, b)| a == b).count();
+    let key = |l: &PartitionLoc| (l.primary, l.replica);
+    let (a, b) = (&mine[common..], &theirs[common..]);
+    let (first, second) = match (a.first(), b.first()) {
+        (None, _) => return theirs.to_vec(),
+        (_, None) => return mine.to_vec(),
+        (Some(x), Some(y)) if key(x) <= key(y) => (a, b),
+        _ => (b, a),
+    };
+    let mut out: Vec<PartitionLoc> = mine[..common].to_vec();
+    for l in first.iter().chain(second) {
+        if !out.contains(l) {
+            out.push(l.clone());
+        }
+    }
+    out
 }
 
 /// What one server last said of who is at quota there ([`QuotaReport`]).
@@ -790,7 +817,7 @@ impl Coordinator {
     fn for_peers(request: &Message, reply: &Message) -> Option<Message> {
         let mut s = ShuffleSync::default();
         match (request, reply) {
-            // A split (or the parts a writer was told): a peer keeps the longer list.
+            // A split (or the parts a writer was told): a peer merges it with its own list.
             (Message::SplitPartition(_), Message::Splits(sp)) => return Some(sp.clone().into()),
             (Message::RegisterShuffle(r), Message::Assignment(a)) => {
                 s.shuffles.push(SyncedShuffle {
@@ -1279,6 +1306,85 @@ mod tests {
         assert!(matches!(peer.handle(told(three.clone()).into()), Message::Ok(_)));
         peer.handle(told(two.clone()).into());
         assert_eq!(split_ask(&peer, 0, 3), three);
+    }
+
+    /// Two coordinators answered `SplitPartition` of the same part count at once and chose
+    /// other servers for the new part (writers may have pushed to both): told each other's
+    /// list, both list every part, alike, and each writer's list is within it.
+    #[test]
+    fn coordinators_that_split_a_partition_at_once_list_both_parts_alike() {
+        let c1 = Coordinator::new(CoordinatorConfig::default()).unwrap();
+        let c2 = Coordinator::new(CoordinatorConfig::default()).unwrap();
+        for c in [&c1, &c2] {
+            for (id, port) in [("s1", 1), ("s2", 2), ("s3", 3)] {
+                beat(c, id, port, 1 << 30);
+            }
+        }
+        let reg = RegisterShuffle {
+            app_id: "a".into(),
+            shuffle_id: 1,
+            num_maps: 2,
+            num_partitions: 1,
+            replication: 1,
+        };
+        let Message::Assignment(a) = c1.handle(reg.into()) else { panic!() };
+        let sync = ShuffleSync {
+            want_all: 0,
+            shuffles: vec![SyncedShuffle {
+                app_id: "a".into(),
+                num_maps: 2,
+                replication: 1,
+                assignment: a.clone(),
+            }],
+            ..Default::default()
+        };
+        c2.handle(sync.into());
+        // c2 sees the server c1 would choose as loaded: they choose apart.
+        let first = a.partitions[0].primary;
+        let spares: Vec<u16> = (0..3).filter(|&i| i != first).collect();
+        let busy = &a.servers[spares[0] as usize];
+        c2.view.lock().servers.get_mut(&busy.server_id).unwrap().assigned_since_heartbeat = 1000;
+        let (one, two) = (split_ask(&c1, 0, 1), split_ask(&c2, 0, 1));
+        assert_eq!((one.len(), two.len()), (2, 2));
+        assert_ne!(one[1], two[1], "the coordinators did not choose apart; the test needs them to");
+        let told = |parts: Vec<PartitionLoc>| Splits {
+            app_id: "a".into(),
+            shuffle_id: 1,
+            partitions: vec![SplitParts { partition_id: 0, parts }],
+        };
+        c1.handle(told(two.clone()).into());
+        c2.handle(told(one.clone()).into());
+        let listed = |c: &Coordinator| match c
+            .handle(GetSplits { app_id: "a".into(), shuffle_id: 1 }.into())
+        {
+            Message::Splits(s) => s.partitions[0].parts.clone(),
+            m => panic!("{m:?}"),
+        };
+        let (l1, l2) = (listed(&c1), listed(&c2));
+        assert_eq!(l1, l2, "the coordinators list the parts apart");
+        assert_eq!(l1.len(), 3);
+        for part in one.iter().chain(&two) {
+            assert!(l1.contains(part), "{part:?} took batches and is not listed: {l1:?}");
+        }
+        // A third coordinator told both, in either order, lists them alike too.
+        for order in [[&one, &two], [&two, &one]] {
+            let c3 = Coordinator::new(CoordinatorConfig::default()).unwrap();
+            let sync = ShuffleSync {
+                want_all: 0,
+                shuffles: vec![SyncedShuffle {
+                    app_id: "a".into(),
+                    num_maps: 2,
+                    replication: 1,
+                    assignment: a.clone(),
+                }],
+                ..Default::default()
+            };
+            c3.handle(sync.into());
+            for parts in order {
+                c3.handle(told(parts.clone()).into());
+            }
+            assert_eq!(listed(&c3), l1);
+        }
     }
 
     #[test]

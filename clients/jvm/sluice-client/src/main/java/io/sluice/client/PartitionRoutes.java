@@ -2,7 +2,6 @@ package io.sluice.client;
 
 import io.sluice.protocol.MapperEnd;
 import java.util.ArrayList;
-import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -148,7 +147,10 @@ final class PartitionRoutes {
 
   /**
    * A coordinator listed the partition's parts: its next batches go to the last one. A list no
-   * longer than the one known changes nothing (no server could take a part). Writer thread.
+   * longer than the one known changes nothing (no server could take a part), nor does one that
+   * leaves out a part known here. The batches counted stay with their parts, wherever the list
+   * puts them: two coordinators that split the partition at once list both new parts, and the
+   * writer's own may then come second. Writer thread.
    */
   void moveOn(int partition, List<ShuffleSplits.Part> newParts) {
     List<ShuffleSplits.Part> known = parts(partition);
@@ -159,8 +161,16 @@ final class PartitionRoutes {
     if (perPart == null) {
       perPart = new int[] {batches[partition]}; // all of them went to part 0
     }
+    int[] moved = new int[newParts.size()];
+    for (int k = 0; k < known.size(); k++) {
+      int at = newParts.indexOf(known.get(k));
+      if (at < 0) {
+        return;
+      }
+      moved[at] += perPart[k];
+    }
     parts.put(partition, List.copyOf(newParts));
-    partBatches.put(partition, Arrays.copyOf(perPart, newParts.size()));
+    partBatches.put(partition, moved);
   }
 
   /**

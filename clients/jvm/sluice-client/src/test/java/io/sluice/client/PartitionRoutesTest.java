@@ -47,6 +47,30 @@ class PartitionRoutesTest {
     assertEquals(2, r.writtenCopies(0).size());
   }
 
+  /**
+   * Two coordinators split partition 1 at once, one onto d, the other onto a: the merged list
+   * puts this writer's part (d) last but one. Its batches stay counted for d, not for a.
+   */
+  @Test
+  void batchesStayWithTheirPartWhenTheListPutsItElsewhere() {
+    PartitionRoutes r = new PartitionRoutes(ASSIGNMENT, ShuffleSplits.NONE);
+    r.countBatch(1); // on b (replica c)
+    r.moveOn(1, parts(1, 2, 3, -1));
+    r.countBatch(1); // on d
+    r.countBatch(1);
+    r.moveOn(1, parts(1, 2, 0, -1, 3, -1)); // a's part listed first, d's after it
+    assertArrayEquals(new int[] {3}, r.currentServers(1));
+    r.countBatch(1); // d again (the last)
+    assertEquals(List.of(
+        List.of(),
+        List.of(new BatchCount(1, 1)),
+        List.of(new BatchCount(1, 1)),
+        List.of(new BatchCount(1, 3))), r.countsPerServer(), "a took none of this writer's");
+    // A list that leaves out a part known here is not taken.
+    r.moveOn(1, parts(1, 2, 0, -1, 2, -1, 0, 3));
+    assertArrayEquals(new int[] {3}, r.currentServers(1));
+  }
+
   @Test
   void aPartitionIsAskedOncePerPartCountAndLateAnswersAreIgnored() {
     PartitionRoutes r = new PartitionRoutes(ASSIGNMENT, ShuffleSplits.NONE);

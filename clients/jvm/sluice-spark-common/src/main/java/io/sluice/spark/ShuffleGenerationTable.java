@@ -106,7 +106,10 @@ final class ShuffleGenerationTable {
 
   /**
    * A reader is about to read {@code wireShuffleId}: commits it if it is current and uncommitted.
-   * Returns the current generation (committed, or a later one if it was replaced).
+   * Returns the current generation (committed, or a later one if it was replaced). A commit that
+   * fails replaces the generation before the failure is thrown: its servers may be committed
+   * (or committing) already, and would refuse the pushes of the map stage that the reader's
+   * failure re-runs ({@code SHUFFLE_COMMITTED}, failing every attempt until the job aborts).
    */
   ShuffleGeneration commit(int sparkShuffleId, int wireShuffleId) {
     ShuffleState state = state(sparkShuffleId);
@@ -115,7 +118,12 @@ final class ShuffleGenerationTable {
       if (current.wireShuffleId() != wireShuffleId || current.committed()) {
         return current;
       }
-      backend.commit(current);
+      try {
+        backend.commit(current);
+      } catch (RuntimeException e) {
+        replace(sparkShuffleId, wireShuffleId, "its commit failed: " + e);
+        throw e;
+      }
       ShuffleGeneration committed = current.asCommitted();
       state.publish(committed, true);
       return committed;

@@ -32,9 +32,15 @@ class ShuffleGenerationTableTest {
       return new ShuffleGeneration(sparkShuffleId, generation, a, false);
     }
 
+    /** When set, commits throw it. */
+    RuntimeException commitFails;
+
     @Override
     public void commit(ShuffleGeneration g) {
       calls.add("commit " + g.wireShuffleId());
+      if (commitFails != null) {
+        throw commitFails;
+      }
     }
 
     @Override
@@ -90,6 +96,20 @@ class ShuffleGenerationTableTest {
     assertSame(g1, table.replace(SHUFFLE, 100, "data lost too"));
     assertEquals(3, backend.calls.size());
     assertEquals(g1, handle.generation());
+  }
+
+  @Test
+  void aFailedCommitReplacesTheGeneration() {
+    backend.commitFails = new IllegalStateException("a server timed out");
+    assertThrows(IllegalStateException.class, () -> table.commit(SHUFFLE, 100));
+    // The map stage the reader's failure re-runs writes into a new generation, not into one
+    // whose servers may be committed already.
+    ShuffleGeneration g1 = table.current(SHUFFLE);
+    assertEquals(101, g1.wireShuffleId());
+    assertFalse(g1.committed());
+    assertEquals(g1, handle.generation());
+    backend.commitFails = null;
+    assertTrue(table.commit(SHUFFLE, 101).committed());
   }
 
   @Test
