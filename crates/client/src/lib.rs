@@ -462,13 +462,17 @@ impl ShuffleClient {
         }
     }
 
-    /// [`Self::splits_for_reading`] of a committed shuffle, asked once and kept.
+    /// [`Self::splits_for_reading`] of a committed shuffle (ask only once a stream of it
+    /// opened: a list asked before the commit could miss a part made after it), asked once and
+    /// kept; parts not known (no coordinator answered) are asked again next time.
     pub(crate) async fn committed_splits(&self, a: &Assignment) -> Result<Arc<Parts>, ClientError> {
         if let Some(p) = self.inner.splits.lock().get(&a.shuffle_id) {
             return Ok(p.clone());
         }
         let parts = Arc::new(self.splits_for_reading(a).await?);
-        self.inner.splits.lock().insert(a.shuffle_id, parts.clone());
+        if !parts.unknown {
+            self.inner.splits.lock().insert(a.shuffle_id, parts.clone());
+        }
         Ok(parts)
     }
 

@@ -137,13 +137,11 @@ impl PartitionReader {
             });
         }
         let addrs = server_addrs(a).await?;
-        let splits = client.committed_splits(a).await?;
-        let mut parts_left: VecDeque<Vec<SocketAddr>> = splits
-            .of(a, partition)
-            .iter()
-            .map(|loc| servers_of(loc).map(|i| addrs[i]).collect())
-            .collect();
-        let candidates = parts_left.pop_front().expect("a partition has a part");
+        // The first part is the assignment's entry, split or not: opened first, which waits
+        // for the commit, and only then are the parts asked for (and kept): a list asked
+        // before the commit could miss a part made after it.
+        let first = a.partitions[partition as usize].clone();
+        let candidates: Vec<SocketAddr> = servers_of(&first).map(|i| addrs[i]).collect();
         let open_msg = OpenStream {
             app_id: client.inner.app_id.clone(),
             shuffle_id: a.shuffle_id,
@@ -161,6 +159,13 @@ impl PartitionReader {
             });
         }
         let (current, handle) = open_any(&client, &candidates, &open_msg).await?;
+        let splits = client.committed_splits(a).await?;
+        let parts = splits.of(a, partition);
+        let parts_left: VecDeque<Vec<SocketAddr>> = parts
+            .iter()
+            .filter(|loc| **loc != first)
+            .map(|loc| servers_of(loc).map(|i| addrs[i]).collect())
+            .collect();
         let addr = candidates[current];
         let mut r = PartitionReader {
             client,
@@ -370,25 +375,38 @@ impl PartitionReader {
     ///
     /// A server that answers `UNKNOWN_STREAM` restarted since the stream was opened (streams are
     /// not kept across restarts, committed data is): the stream is opened again on the same
-    /// server first, a few times at most.
-    async fn fail_over(&mut self, err: ClientError) -> Result<(), ClientError> {
-        let restarted = err.code() == ErrorCode::UnknownStream && self.reopened < MAX_REOPENS;
-        if !restarted && self.current + 1 >= self.candidates.len() {
-            return Err(err);
-        }
-        if restarted {
-            self.reopened += 1;
-        } else {
-            self.current += 1;
-        }
-        let next = self.candidates[self.current];
-        if restarted {
-            tracing::info!(server = %next, "the server forgot the stream (restarted?); opening it again");
-        } else {
-            tracing::warn!(from = %self.addr, to = %next, error = %err, "reading from the replica");
-        }
+    /// server first, a few times at most; if that open fails (the restarted server lost the
+    /// partition, say), the next copy is tried, as for any failure.
+    async fn fail_over(&mut self, mut err: ClientError) -> Result<(), ClientError> {
+        // Closed once, on the server it is open on (its id means nothing on another, where it
+        // may name another stream of this application: `addr` changes only once one opens).
         self.close_current();
-        let handle = open_on(&self.client, next, &self.open_msg).await?;
+        let mut from = self.addr;
+        let handle = loop {
+            let restarted = err.code() == ErrorCode::UnknownStream && self.reopened < MAX_REOPENS;
+            if !restarted && self.current + 1 >= self.candidates.len() {
+                return Err(err);
+            }
+            if restarted {
+                self.reopened += 1;
+            } else {
+                self.current += 1;
+            }
+            let next = self.candidates[self.current];
+            if restarted {
+                tracing::info!(server = %next, "the server forgot the stream (restarted?); opening it again");
+            } else {
+                tracing::warn!(from = %from, to = %next, error = %err, "reading from the replica");
+            }
+            match open_on(&self.client, next, &self.open_msg).await {
+                Ok(handle) => break handle,
+                Err(e) => {
+                    from = next;
+                    err = e;
+                }
+            }
+        };
+        let next = self.candidates[self.current];
         self.addr = next;
         self.stream_id = handle.stream_id;
         self.chunk_count = handle.chunk_lengths.len() as u32;

@@ -1088,11 +1088,9 @@ impl Handler for CoordHandler {
         let me = self.0.clone();
         let mut request = req.message;
         // An application's credential proves its id, not the user it names: an authenticated
-        // application's user is not taken (it would charge another tenant's user quotas).
-        if let (Message::RegisterApp(r), sluice_transport::PeerIdentity::App(_)) =
-            (&mut request, &conn.identity)
-        {
-            r.user.clear();
+        // application's user is the one its id carries, if any (see `vouched_user`).
+        if let Message::RegisterApp(r) = &mut request {
+            r.user = conn.identity.vouched_user(&r.user).unwrap_or_default().to_owned();
         }
         // All the work inside the future: the transport turns a panic into an `INTERNAL` answer
         // only while polling it (a panic here, outside, would end the whole connection). So the
@@ -1569,7 +1567,7 @@ mod tests {
     }
 
     #[test]
-    fn an_authenticated_applications_user_is_not_taken() {
+    fn an_authenticated_applications_user_is_the_one_its_id_carries() {
         let c = Coordinator::new(CoordinatorConfig::default()).unwrap();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let as_app = |app: &str| {
@@ -1581,6 +1579,13 @@ mod tests {
         let reg = RegisterApp { app_id: "m-1".into(), user: "etl".into() };
         rt.block_on(CoordHandler(c.clone()).handle(&as_app("m-1"), request(reg)));
         assert_eq!(c.view.lock().app_users.get("m-1"), None);
+        // Its id carries its user (`<user>/<rest>`): that one, named or not; another, never.
+        let reg = RegisterApp { app_id: "etl/run-7".into(), user: String::new() };
+        rt.block_on(CoordHandler(c.clone()).handle(&as_app("etl/run-7"), request(reg)));
+        assert_eq!(c.view.lock().app_users.get("etl/run-7").map(String::as_str), Some("etl"));
+        let reg = RegisterApp { app_id: "mallory/m-2".into(), user: "etl".into() };
+        rt.block_on(CoordHandler(c.clone()).handle(&as_app("mallory/m-2"), request(reg)));
+        assert_eq!(c.view.lock().app_users.get("mallory/m-2"), None);
         // With authentication off (or from the cluster), as before.
         let reg = RegisterApp { app_id: "e-1".into(), user: "etl".into() };
         rt.block_on(CoordHandler(c.clone()).handle(&conn_info(), request(reg)));

@@ -93,11 +93,20 @@ impl MemoryBudget {
         used < if self.is_paused() { self.resume_at } else { self.busy_at }
     }
 
-    /// Returns once a reservation may succeed ([`Self::has_room`]); at once if it may now. A
-    /// release signals waiters only when it leaves room, so while the budget is paused they
-    /// sleep until usage is back under the resume watermark. (A reservation may still fail after
-    /// the wakeup: waiters and other pushes race for the room.)
-    pub async fn wait_for_room(&self) {
+    /// Whether a reservation of `bytes` may succeed now: [`Self::has_room`], and the bytes fit
+    /// under the busy watermark (or the budget is empty, which takes any single body).
+    fn has_room_for(&self, bytes: u64) -> bool {
+        let used = self.used();
+        self.has_room() && (used == 0 || used.saturating_add(bytes) <= self.busy_at)
+    }
+
+    /// Returns once a reservation of `bytes` may succeed ([`Self::has_room_for`]); at once if
+    /// it may now. A release signals waiters only when it leaves room, so while the budget is
+    /// paused they sleep until usage is back under the resume watermark, and a body larger than
+    /// the room under it sleeps until a release leaves room for it (it never spins between a
+    /// wakeup and a failed reservation). A reservation may still fail after the wakeup: waiters
+    /// and other pushes race for the room.
+    pub async fn wait_for_room(&self, bytes: u64) {
         struct Waiting<'a>(&'a AtomicUsize);
         impl Drop for Waiting<'_> {
             fn drop(&mut self) {
@@ -106,10 +115,13 @@ impl MemoryBudget {
         }
         self.waiting.fetch_add(1, Ordering::SeqCst);
         let _waiting = Waiting(&self.waiting);
-        // Registered before the check, so a release in between is not missed.
-        let mut room = pin!(self.room.notified());
-        room.as_mut().enable();
-        if !self.has_room() {
+        loop {
+            // Registered before the check, so a release in between is not missed.
+            let mut room = pin!(self.room.notified());
+            room.as_mut().enable();
+            if self.has_room_for(bytes) {
+                return;
+            }
             room.await;
         }
     }
@@ -237,10 +249,10 @@ mod tests {
         let r2 = b.try_reserve(200).unwrap();
         assert!(b.try_reserve(100).is_none(), "would cross busy: paused");
         let short = std::time::Duration::from_millis(20);
-        assert!(tokio::time::timeout(short, b.wait_for_room()).await.is_err(), "room at 850");
+        assert!(tokio::time::timeout(short, b.wait_for_room(100)).await.is_err(), "room at 850");
         let waiter = tokio::spawn({
             let b = b.clone();
-            async move { b.wait_for_room().await }
+            async move { b.wait_for_room(100).await }
         });
         tokio::task::yield_now().await;
         drop(r2); // 650: under busy, not under resume
@@ -250,6 +262,31 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(5), waiter).await.unwrap().unwrap();
         assert!(b.try_reserve(200).is_some());
         assert_eq!(b.waiting.load(Ordering::SeqCst), 0);
+    }
+
+    /// A body larger than the room under the resume watermark leaves the busy one: a waiter
+    /// for it sleeps until a release leaves room for it, rather than waking at every check.
+    #[tokio::test]
+    async fn a_waiter_for_a_large_body_sleeps_until_it_fits() {
+        let b = MemoryBudget::new(1000, 0.7, 0.9, 0.6);
+        let r1 = b.try_reserve(300).unwrap();
+        let r2 = b.try_reserve(200).unwrap();
+        assert!(b.try_reserve(450).is_none(), "950 would cross busy (900): paused");
+        // 500 used, under resume (600): room, but not for 450.
+        let short = std::time::Duration::from_millis(20);
+        assert!(
+            tokio::time::timeout(short, b.wait_for_room(450)).await.is_err(),
+            "no room for 450"
+        );
+        let waiter = tokio::spawn({
+            let b = b.clone();
+            async move { b.wait_for_room(450).await }
+        });
+        tokio::task::yield_now().await;
+        drop(r2); // 300: 750 fits under 900
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiter).await.unwrap().unwrap();
+        assert!(b.try_reserve(450).is_some());
+        drop(r1);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! flushers, deleted shuffles' files handed to storage, and the clock read here, not in the core.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -71,21 +72,18 @@ pub(crate) enum ChunkBody {
     Object { key: Arc<str>, ranges: Arc<[std::ops::Range<u64>]> },
 }
 
-/// The user a `RegisterApp` names, when it can be taken: with authentication off, or from the
-/// cluster (an operator's tool). An application's credential proves its id, not its user: a
-/// tenant naming another's user would charge that user's quotas (and learn its usage from the
-/// refusals), or name none to escape them; so an authenticated application's usage counts for
-/// itself alone (docs/security.md).
-pub(crate) fn vouched_user<'a>(conn: &ConnInfo, r: &'a RegisterApp) -> Option<&'a str> {
-    if r.user.is_empty() {
-        return None;
+/// The user whose quotas application `r.app_id` counts for ([`PeerIdentity::vouched_user`]);
+/// a user named and not taken is logged.
+///
+/// [`PeerIdentity::vouched_user`]: sluice_transport::PeerIdentity::vouched_user
+pub(crate) fn vouched_user<'a>(conn: &'a ConnInfo, r: &'a RegisterApp) -> Option<&'a str> {
+    let user = conn.identity.vouched_user(&r.user);
+    if user.is_none() && !r.user.is_empty() {
+        tracing::warn!(identity = %conn.identity, user = %r.user,
+            "the user an authenticated application names is not the one its id carries \
+             (<user>/<rest>): not taken for quotas");
     }
-    if let sluice_transport::PeerIdentity::App(app) = &conn.identity {
-        tracing::debug!(app = %app, user = %r.user,
-            "the user an authenticated application names is not taken for quotas");
-        return None;
-    }
-    Some(&r.user)
+    user
 }
 
 impl ChunkBody {
@@ -132,6 +130,9 @@ pub struct ServerState {
     draining: AtomicBool,
     /// What each application and user holds, against their limits.
     quotas: Quotas,
+    /// Local files of partitions moved to the object store whose commit record could not be
+    /// rewritten yet (so it still names them): kept until a later pass rewrites it.
+    stranded: parking_lot::Mutex<Vec<(ShuffleRef, Vec<PathBuf>)>>,
 }
 
 impl ServerState {
@@ -210,6 +211,7 @@ impl ServerState {
             flushing_bytes,
             flushes_done,
             relieving: AtomicBool::new(false),
+            stranded: parking_lot::Mutex::new(Vec::new()),
             draining: AtomicBool::new(false),
             quotas: Quotas::new(config.quotas.clone()),
             config,
@@ -287,7 +289,7 @@ impl ServerState {
             // leaves; waiting would not help.)
             let timed_out = !self.budget.is_paused()
                 || tokio::select! {
-                    _ = self.budget.wait_for_room() => false,
+                    _ = self.budget.wait_for_room(u64::from(body_len)) => false,
                     _ = tokio::time::sleep_until(deadline) => true,
                 };
             match self.admit_push(&app_id, shuffle_id, body_len) {
@@ -336,7 +338,14 @@ impl ServerState {
                 self.remove_app(&r.app_id, "unregistered").await;
                 Ok(Response::msg(OkMsg {}))
             }
-            Message::RegisterShuffle(r) => self.register_shuffle(&r).await,
+            Message::RegisterShuffle(r) => {
+                // An authenticated application's id may carry its user: counted from its first
+                // shuffle, whether or not a `RegisterApp` named it here.
+                if let Some(user) = conn.identity.vouched_user("") {
+                    self.quotas.set_user(&r.app_id, user);
+                }
+                self.register_shuffle(&r).await
+            }
             Message::UnregisterShuffle(r) => self.unregister_shuffle(&r.app_id, r.shuffle_id).await,
             Message::CommitShuffle(c) => self.commit(&c.app_id, c.shuffle_id).await,
             Message::OpenStream(o) => self.open_stream(o, max_frame),
@@ -918,6 +927,7 @@ impl ServerState {
             }
         }
         let _running = Running(&self.offloading);
+        self.reclaim_stranded().await;
         let (high, low) = (oc.offload_high_watermark, oc.offload_low_watermark);
         let storage = self.storage.clone();
         // statvfs of each directory: blocking.
@@ -959,6 +969,12 @@ impl ServerState {
                 Err(Offload::Skipped(why)) => {
                     tracing::debug!(shuffle = %shuffle.key(), partition = pid, reason = %why,
                         "partition not moved to the object store");
+                }
+                Err(Offload::Unreadable(why)) => {
+                    // This partition's disk, not the store: the next candidate may move.
+                    self.stats.offload_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(shuffle = %shuffle.key(), partition = pid, reason = %why,
+                        "a partition's file could not be read to move it to the object store");
                 }
                 Err(Offload::Failed(why)) => {
                     self.stats.offload_failures.fetch_add(1, Ordering::Relaxed);
@@ -1002,7 +1018,7 @@ impl ServerState {
                     for k in &keys {
                         tier.delete(k).await;
                     }
-                    return Err(Offload::Failed(format!(
+                    return Err(Offload::Unreadable(format!(
                         "{}: {e}; it stays on its local disk, and the next pass tries again",
                         f.path.display()
                     )));
@@ -1010,13 +1026,17 @@ impl ServerState {
             };
             let len = (*end).min(on_disk);
             if let Err(e) = tier.upload(file.clone(), &f.path, len, &key).await {
-                self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
-                for k in &keys {
+                // This file's object too: the upload may have landed before its check failed
+                // or timed out, and nothing else would ever delete it.
+                for k in keys.iter().chain([&key]) {
                     tier.delete(k).await;
                 }
-                return Err(Offload::Failed(format!(
-                    "{e}; it stays on its local disk, and the next pass tries again"
-                )));
+                let why = format!("{e}; it stays on its local disk, and the next pass tries again");
+                if matches!(e, crate::tier::TierError::Local { .. }) {
+                    return Err(Offload::Unreadable(why));
+                }
+                self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
+                return Err(Offload::Failed(why));
             }
             keys.push(key);
             bytes += len;
@@ -1057,30 +1077,60 @@ impl ServerState {
                 return Err(Offload::Skipped("the shuffle was deleted meanwhile".into()));
             }
             if let Err(e) = written {
+                let paths = local.iter().map(|f| f.path.clone()).collect();
+                self.stranded.lock().push((shuffle.clone(), paths));
                 return Err(Offload::Failed(format!(
                     "the commit record could not be rewritten ({e}); the partition is served \
                      from the store, and its local files, which the record on disk still names, \
-                     are kept until the shuffle is deleted"
+                     are kept until a later pass rewrites it"
                 )));
             }
         }
         let paths: Vec<_> = local.iter().map(|f| f.path.clone()).collect();
         drop(local);
-        tokio::task::spawn_blocking(move || {
-            for p in paths {
-                if let Err(e) = std::fs::remove_file(&p) {
-                    tracing::warn!(path = %p.display(), error = %e,
-                        "cannot delete a partition file moved to the object store");
-                }
-            }
-        })
-        .await
-        .unwrap_or(());
+        tokio::task::spawn_blocking(move || remove_moved_files(paths)).await.unwrap_or(());
         self.stats.offloaded_partitions.fetch_add(1, Ordering::Relaxed);
         self.stats.offloaded_bytes.fetch_add(bytes, Ordering::Relaxed);
         tracing::info!(shuffle = %shuffle.key(), partition = pid, bytes, objects = keys.len(),
             "partition moved to the object store; its local files are deleted");
         Ok(())
+    }
+
+    /// Rewrites the commit records of shuffles whose local files a move left behind (their
+    /// record could not be rewritten then), and deletes those files once it is; a record that
+    /// still cannot be written keeps them for the next pass. A deleted shuffle's go with it.
+    async fn reclaim_stranded(&self) {
+        let stranded = std::mem::take(&mut *self.stranded.lock());
+        for (shuffle, paths) in stranded {
+            if shuffle.is_deleted() {
+                continue;
+            }
+            let (storage, s, files) = (self.storage.clone(), shuffle.clone(), paths.clone());
+            let written = tokio::task::spawn_blocking(move || {
+                let mut writer = s.record_writer();
+                if s.is_deleted() {
+                    return Ok(false);
+                }
+                let record = writer.record(|f: &FileRef| f.dir.path.display().to_string());
+                crate::durable::rewrite(&storage, s.key(), &record)?;
+                remove_moved_files(files);
+                Ok(true)
+            })
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+            match written {
+                Ok(true) => tracing::info!(shuffle = %shuffle.key(),
+                    "commit record rewritten; the local files of partitions moved to the object \
+                     store are deleted"),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(shuffle = %shuffle.key(), error = %e,
+                        "the commit record still cannot be rewritten; local files of partitions \
+                         moved to the object store are kept");
+                    self.stranded.lock().push((shuffle, paths));
+                }
+            }
+        }
     }
 
     /// Bytes of committed partitions held in the object store now.
@@ -1228,8 +1278,20 @@ impl ServerState {
 enum Offload {
     /// It no longer needs moving (deleted meanwhile, ...).
     Skipped(String),
-    /// The store or the local disk failed; the partition stays where it was.
+    /// The store failed; the partition stays where it was.
     Failed(String),
+    /// Its local file could not be read; it stays where it was, and the pass goes on.
+    Unreadable(String),
+}
+
+/// Deletes the local files of a partition moved to the object store. Blocking.
+fn remove_moved_files(paths: Vec<PathBuf>) {
+    for p in paths {
+        if let Err(e) = std::fs::remove_file(&p) {
+            tracing::warn!(path = %p.display(), error = %e,
+                "cannot delete a partition file moved to the object store");
+        }
+    }
 }
 
 /// For each data directory in service whose file system is in use above `high` (a fraction of
@@ -1292,11 +1354,17 @@ mod tests {
             max_frame_bytes: 1 << 20,
         };
         let r = RegisterApp { app_id: "m-1".into(), user: "etl".into() };
-        // An application's credential proves its id, not the user it names.
-        assert_eq!(vouched_user(&conn(PeerIdentity::App("m-1".into())), &r), None);
+        // An application's credential proves its id, not the user it names: its id's user
+        // (`<user>/<rest>`, chosen by the launcher that issued the credential) or none.
+        let app = |id: &str| conn(PeerIdentity::App(id.into()));
+        assert_eq!(vouched_user(&app("m-1"), &r), None, "an id that binds no user");
+        assert_eq!(vouched_user(&app("mallory/m-1"), &r), None, "another user's name");
+        assert_eq!(vouched_user(&app("etl/run-7"), &r), Some("etl"));
+        let none = RegisterApp { app_id: "etl/run-7".into(), user: String::new() };
+        assert_eq!(vouched_user(&app("etl/run-7"), &none), Some("etl"), "the id's, unnamed");
+        assert_eq!(vouched_user(&app("/run-7"), &none), None, "an empty user binds none");
         assert_eq!(vouched_user(&conn(PeerIdentity::Anyone), &r), Some("etl"));
         assert_eq!(vouched_user(&conn(PeerIdentity::Cluster), &r), Some("etl"));
-        let none = RegisterApp { app_id: "m-1".into(), user: String::new() };
         assert_eq!(vouched_user(&conn(PeerIdentity::Anyone), &none), None);
     }
 }

@@ -209,3 +209,50 @@ async fn a_store_killed_mid_read_is_a_retriable_error_and_the_read_succeeds_once
     })
     .await
 }
+
+/// A move whose commit record cannot be rewritten (here: the record taken away while the store
+/// was down) serves the partition from the store but keeps its local files, which the record
+/// on disk still names; once the record can be rewritten, a later pass rewrites it and deletes
+/// them — they are not stranded until the shuffle is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(no_s3_server, ignore = "OBJECT STORE TESTS NOT RUN: no s3s-fs (make s3-server)")]
+async fn local_files_a_failed_record_rewrite_kept_are_deleted_once_it_is_rewritten() {
+    bounded("local_files_a_failed_record_rewrite_kept", 120, async {
+        let (scratch, mut store) = started();
+        store.kill(); // moves fail at their upload until it is back
+        let (r, server) = Restartable::start_in(scratch, store.server_sets());
+        let client = client("stranded-app", None);
+        let a = assignment(1, &[r.addr], 2);
+        let want = write_shuffle(&client, &a, 10).await;
+        wait_metric(&server, "sluice_server_offload_failures_total", 1.0, 60).await;
+        // The record away: the next move's rewrite finds none to replace.
+        let records = r.index_files();
+        assert_eq!(records.len(), 1, "{records:?}");
+        let away = records[0].with_file_name("index.away");
+        std::fs::rename(&records[0], &away).unwrap();
+        let failures = metric_of(&server, "sluice_server_offload_failures_total").await;
+        store.restart();
+        wait_metric(&server, "sluice_server_offload_failures_total", failures + 1.0, 60).await;
+        assert!(
+            eventually(20, || server
+                .log_text()
+                .contains("the commit record could not be rewritten"))
+            .await,
+            "no rewrite failure logged"
+        );
+        assert!(!r.data_files().is_empty(), "local files deleted while the record names them");
+        // Served from the store meanwhile, byte-identical.
+        check_all(&client, &a, &want).await;
+        // The record back: the next pass rewrites it and deletes the local files.
+        std::fs::rename(&away, &records[0]).unwrap();
+        assert!(eventually(30, || r.data_files().is_empty()).await, "{:?}", r.data_files());
+        assert!(server.log_text().contains("commit record rewritten"), "no log line");
+        // The record says where the data is now: a restart serves it from the store.
+        let mut server = server;
+        server.kill();
+        let server = r.start();
+        assert_eq!(metric_of(&server, "sluice_server_recovered_lost_total").await, 0.0);
+        check_all(&client, &a, &want).await;
+    })
+    .await
+}

@@ -243,3 +243,56 @@ async fn the_coordinator_refuses_new_shuffles_of_an_app_at_quota_until_it_frees_
     bounded("hog again", 30, write(&hog, &next, 16, 16 * KIB as usize)).await.expect("room again");
     commit_and_check(&hog, &next, 16, 16 * KIB as usize).await;
 }
+
+/// With authentication on, an application's user is the one its id carries (`<user>/<rest>`,
+/// chosen by the launcher that issued its credential), never one it merely names: mallory's
+/// application naming alice's user charges her nothing, and alice's two applications share
+/// her quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn under_authentication_a_user_quota_counts_only_the_applications_the_user_id_binds() {
+    const KEY: &str = "quota-test-cluster-key-0123456789";
+    let key_set = format!("transport.secret=\"{KEY}\"");
+    let scratch = Scratch::new();
+    let coordinator = scratch.spawn(
+        "coordinator",
+        &["coordinator", "--listen", "127.0.0.1:0", "--set", &key_set].map(String::from),
+    );
+    let server = scratch.server(&ServerSpec {
+        memory_budget_bytes: 64 * MIB,
+        coordinator: Some(coordinator.addr),
+        metrics: true,
+        sets: vec![format!("quotas.user.disk_bytes={}", MIB), key_set.clone()],
+        ..ServerSpec::default()
+    });
+    let cluster = sluice_transport::ClientConfig { secret: KEY.into(), ..test_transport() };
+    let ready = std::time::Duration::from_secs(20);
+    sluice_testkit::wait_registered(coordinator.addr, 1, ready, &cluster).await.unwrap();
+    let app = |id: &str, user: &str| {
+        let credential = sluice_transport::app_credential(KEY, id);
+        client_with(id, Some(coordinator.addr), |o| {
+            o.user = user.into();
+            o.push_frame_bytes = 256 << 10;
+            o.transport.secret = credential;
+        })
+    };
+    let (mallory, alice1, alice2) =
+        (app("mallory/m-1", "alice"), app("alice/a-1", "alice"), app("alice/a-2", ""));
+    for c in [&mallory, &alice1, &alice2] {
+        c.register_app().await.expect("register app");
+    }
+    let sm = mallory.register_shuffle(1, 1, 1, 1).await.unwrap();
+    let s1 = alice1.register_shuffle(1, 1, 1, 1).await.unwrap();
+    let s2 = alice2.register_shuffle(1, 1, 1, 1).await.unwrap();
+
+    // 640 KiB each. Mallory's counts for no user: alice's first still fits her 1 MiB.
+    bounded("mallory", 30, write(&mallory, &sm, 40, 16 * KIB as usize)).await.expect("mallory");
+    bounded("alice/a-1", 30, write(&alice1, &s1, 40, 16 * KIB as usize))
+        .await
+        .expect("alice's first application was charged mallory's bytes");
+    // Alice's second (naming no user: its id's) shares her quota and passes it.
+    let msg =
+        quota_error(bounded("alice/a-2", 30, write(&alice2, &s2, 40, 16 * KIB as usize)).await);
+    assert!(msg.contains("user alice (application alice/a-2)"), "{msg}");
+    assert!(server.log_text().contains("not the one its id carries"), "no warning for mallory");
+    commit_and_check(&alice1, &s1, 40, 16 * KIB as usize).await;
+}

@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use sluice_proto::message::Assignment;
+use sluice_proto::ErrorCode;
 use utils::*;
 
 const MAPS: u32 = 4;
@@ -88,6 +89,10 @@ async fn a_partition_past_the_split_threshold_reads_back_from_its_parts() {
         client.register_app().await.unwrap();
         let a = client.register_shuffle(1, MAPS, PARTITIONS, 1).await.unwrap();
         assert_eq!(a.servers.len(), 3, "the spares are in the assignment: {a:?}");
+        // A read tried before the commit fails, and leaves nothing behind: the reads below, of
+        // the same client, must still find the parts the writers make.
+        let early = read_partition(&client, &a, 0, 0, MAPS).await.map(|_| ()).unwrap_err();
+        assert_eq!(early.code(), ErrorCode::ShuffleNotCommitted, "{early}");
 
         // 300 batches a map: each writer still has most of its batches to route when the
         // first PushSplit answers come back.

@@ -471,7 +471,8 @@ async fn read_loop(
                     Body::Empty,
                     reader.max_frame_bytes,
                 ) {
-                    let _ = outbound.send_now(f);
+                    // Within the watermarks, as the server answers pings.
+                    let _ = outbound.send(f).await;
                 }
                 continue;
             }

@@ -68,6 +68,12 @@ impl FrameReader {
                     let message = Message::decode(h.msg_type(), &self.buf[HEADER_LEN..head_len])?;
                     message.validate_body(h.body_len() as usize)?;
                     self.buf.advance(head_len);
+                    if head_len > READ_CHUNK {
+                        // Grown for these fields (up to `max_frame_bytes`): not kept for the
+                        // connection's life, which every connection could then hold.
+                        self.buf = BytesMut::from(&self.buf[..]);
+                        self.buf.reserve(READ_CHUNK.saturating_sub(self.buf.len()));
+                    }
                     return Ok(Some((h, message)));
                 }
             }
@@ -261,6 +267,27 @@ mod tests {
         assert!(matches!(m, Message::Ping(_)), "{m:?}");
         sender.await.unwrap();
         assert!(reader.read_head().await.unwrap().is_none(), "nothing after the ping");
+    }
+
+    /// A head of 4 MiB of fields grows the read buffer for itself only: after it, the buffer is
+    /// back to its usual size.
+    #[tokio::test]
+    async fn a_large_head_does_not_leave_the_read_buffer_large() {
+        let entries: Vec<Section> =
+            (0..350_000u32).map(|p| Section { partition_id: p, offset: p, length: 1 }).collect();
+        let body = vec![7u8; 350_000 + 349_999];
+        let push = Message::PushMerged(PushMerged { app_id: "app".into(), shuffle_id: 3, entries });
+        let mut wire = encode_frame(1, &push, &body).to_vec();
+        assert!(wire.len() - body.len() > (4 << 20), "the fields must be large");
+        wire.extend_from_slice(&encode_frame(2, &Message::Ping(Ping {}), &[]));
+        let (mut reader, sender) = reader_over(wire).await;
+        let (h, _) = reader.read_head().await.unwrap().expect("the push");
+        assert!(reader.buf.capacity() <= 2 * READ_CHUNK, "{} bytes kept", reader.buf.capacity());
+        reader.read_body(h.body_len()).await.unwrap();
+        let (h, m) = reader.read_head().await.unwrap().expect("the ping");
+        assert_eq!((h.request_id, h.body_len()), (2, 0));
+        assert!(matches!(m, Message::Ping(_)), "{m:?}");
+        sender.await.unwrap();
     }
 
     /// A refused 1 MiB body is read and dropped through the reader's own buffer, which does not

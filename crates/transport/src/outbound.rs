@@ -196,6 +196,16 @@ impl Shared {
     }
 }
 
+impl Drop for Shared {
+    /// Frames still queued when the queue goes (its writer stopped before sending them) leave
+    /// the stats with it.
+    fn drop(&mut self) {
+        let g = self.lock();
+        TransportStats::sub(&self.stats.outbound_queued_bytes, g.mem_bytes as u64);
+        TransportStats::sub(&self.stats.outbound_queued_file_frames, g.file_frames as u64);
+    }
+}
+
 /// The producer handle of a connection's outbound queue. Cheap to clone.
 #[derive(Clone)]
 pub struct Outbound {
@@ -244,8 +254,9 @@ impl Outbound {
         }
     }
 
-    /// Queues a frame now, ignoring the watermarks: for small control frames (handshake
-    /// replies, pongs, fatal errors) that must not wait behind data.
+    /// Queues a frame now, ignoring the watermarks: for small control frames that must not
+    /// wait behind data and come at most once per connection (handshake replies, fatal
+    /// errors), never one per request a peer may send without end.
     pub fn send_now(&self, frame: OutFrame) -> Result<(), TransportError> {
         let mut g = self.shared.lock();
         if let Some(reason) = &g.closed {

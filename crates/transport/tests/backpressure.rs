@@ -121,3 +121,45 @@ async fn stalled_peer_is_dropped() {
     drop(raw);
     server.stop().await;
 }
+
+/// Pings from a peer that never reads the pongs meet the watermarks too: the server stops
+/// reading them once its queue is full, instead of queueing a pong for each without end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pings_never_read_keep_server_memory_bounded() {
+    let cfg = ServerConfig {
+        outbound_high_watermark_bytes: 64 << 10,
+        outbound_low_watermark_bytes: 32 << 10,
+        send_buffer_bytes: Some(16 << 10),
+        idle_timeout_ms: 0,
+        shutdown_grace_ms: 200,
+        ..Default::default()
+    };
+    let server = TestServer::start(TestHandler::default(), cfg).await;
+    let raw = raw_connect_with(server.addr, Some(16 << 10)).await;
+    let ping = Message::Ping(sluice_proto::message::Ping {});
+    let mut pings = Vec::new();
+    for i in 0..200_000u32 {
+        pings.extend_from_slice(&sluice_proto::encode_frame(i, &ping, &[]));
+    }
+    let (_rd, mut wr) = raw.stream.into_split();
+    let sender = tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let _ = wr.write_all(&pings).await;
+        wr
+    });
+    eventually("pongs waiting at the high watermark", || {
+        server.stats.snapshot().outbound_waits > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let s = server.stats.snapshot();
+    // The watermark and a pong over it (the socket's buffers hold more pongs, not the queue).
+    assert!(s.outbound_queued_bytes_peak <= (64 << 10) + 1024, "{s:?}");
+    assert!(s.frames_received < 200_000, "the server kept reading pings: {s:?}");
+    // Stopping, the server does not wait on a peer that never reads past its grace period: the
+    // connection and its queue go.
+    let stats = server.stats.clone();
+    server.stop().await;
+    assert_eq!(stats.snapshot().outbound_queued_bytes, 0);
+    sender.abort();
+}

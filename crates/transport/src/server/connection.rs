@@ -164,15 +164,22 @@ pub(super) async fn run<H: Handler>(
     handler.connection_closed(&conn);
 }
 
+/// Waits up to `grace` for the writer to send what is queued; then stops it, so that the
+/// socket, the queued frames and their files go with the connection (a peer that never reads
+/// would otherwise keep them past the connection's slot, which is released on return).
 async fn finish_writer(
-    writer: tokio::task::JoinHandle<Result<(), TransportError>>,
+    mut writer: tokio::task::JoinHandle<Result<(), TransportError>>,
     grace: Duration,
 ) {
-    match tokio::time::timeout(grace, writer).await {
+    match tokio::time::timeout(grace, &mut writer).await {
         Ok(Ok(Ok(()))) => {}
         Ok(Ok(Err(e))) => tracing::debug!(error = %e, "writer ended with an error"),
         Ok(Err(e)) => tracing::warn!(error = %e, "writer task failed"),
-        Err(_) => tracing::warn!("writer did not finish within the grace period"),
+        Err(_) => {
+            tracing::warn!("writer did not finish within the grace period; closing the connection");
+            writer.abort();
+            let _ = writer.await;
+        }
     }
 }
 
@@ -390,9 +397,13 @@ async fn read_loop<H: Handler>(
             };
         }
         if ty == MsgType::Ping {
+            // Within the watermarks like any answer: a peer that sends pings and never reads
+            // the pongs stops being read once its queue is full, rather than growing it.
             let pong = OutFrame::new(h.request_id, &Message::Pong(Pong {}), Body::Empty, max_frame);
             if let Ok(pong) = pong {
-                let _ = outbound.send_now(pong);
+                if outbound.send(pong).await.is_err() {
+                    return End::ReadFailed(TransportError::Closed("writer stopped".into()));
+                }
             }
             continue;
         }

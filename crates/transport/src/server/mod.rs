@@ -133,6 +133,21 @@ impl PeerIdentity {
         }
     }
 
+    /// The user whose quotas an application's usage counts for, given the user its
+    /// `RegisterApp` names (`declared`, "" for none). With authentication off, or from the
+    /// cluster: the one named. An authenticated application's credential proves its id, not a
+    /// user it names, so its user is the one its id carries, `<user>/<rest>` (the launcher that
+    /// issued the credential chose the id): the id's user when it names none or that one, else
+    /// none (a tenant naming another's user would charge that user's quotas and learn its usage
+    /// from the refusals); an id without `/` binds no user.
+    pub fn vouched_user<'a>(&'a self, declared: &'a str) -> Option<&'a str> {
+        let PeerIdentity::App(own) = self else {
+            return (!declared.is_empty()).then_some(declared);
+        };
+        let bound = own.split_once('/').map(|(user, _)| user).filter(|u| !u.is_empty())?;
+        (declared.is_empty() || declared == bound).then_some(bound)
+    }
+
     /// Whether this identity may act for `app_id` (for requests that name an application only
     /// through something it owns, as a stream).
     pub fn may_act_for(&self, app_id: &str) -> bool {
