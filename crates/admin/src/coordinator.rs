@@ -36,7 +36,10 @@ struct CoordProbe(Arc<Coordinator>);
 
 impl Probe for CoordProbe {
     fn not_ready(&self) -> Option<&'static str> {
-        (!self.0.is_serving()).then_some("not_serving")
+        if !self.0.is_serving() {
+            return Some("not_serving");
+        }
+        (!self.0.has_learned()).then_some("learning_from_peers")
     }
 
     fn metrics(&self) -> String {

@@ -1,6 +1,7 @@
 //! A shuffle server's admin endpoints: status, disks, drain.
 
 use axum::extract::{FromRef, State};
+use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
@@ -146,7 +147,13 @@ async fn undrain(
     body: Bytes,
 ) -> Result<Json<api::DrainState>, Refusal> {
     let why = action(&body)?.reason.unwrap_or_default();
+    if !s.handle.stop_draining() {
+        return Err(Refusal::new(
+            StatusCode::CONFLICT,
+            "stopping",
+            "the server is stopping (SIGTERM): its drain cannot be cancelled",
+        ));
+    }
     tracing::info!(reason = %why, "drain cancelled through the admin API");
-    s.handle.stop_draining();
     Ok(drain_state(&s.handle))
 }

@@ -216,6 +216,9 @@ struct Registered {
     since: Instant,
     /// The parts of each split partition (part 0 first, the assignment's own entry).
     splits: HashMap<u32, Vec<PartitionLoc>>,
+    /// Learned from a peer at start, its splits not yet: `GetSplits` is answered with a
+    /// retriable error meanwhile (an empty list would be a wrong answer, and readers keep it).
+    splits_pending: bool,
 }
 
 impl Registered {
@@ -226,6 +229,7 @@ impl Registered {
             replication,
             since: Instant::now(),
             splits: HashMap::new(),
+            splits_pending: false,
         }
     }
 
@@ -393,11 +397,23 @@ pub struct Coordinator {
     view: Mutex<View>,
     /// Inside [`Coordinator::serve`] (readiness).
     serving: AtomicBool,
+    /// Done learning from its peers at start (readiness): a rolling update must not stop the
+    /// peer this one is still learning from.
+    learned: AtomicBool,
     /// Connections to the peers (`peers`), made on first use.
     peer_pool: std::sync::OnceLock<sluice_transport::Pool>,
     /// Counters of its listener (handshakes, refusals, TLS), in its metrics.
     stats: Arc<TransportStats>,
+    /// Hand-overs a peer did not take, by peer, oldest first: sent again until it does (see
+    /// [`Coordinator::hand_over`]).
+    unsent: Mutex<HashMap<String, std::collections::VecDeque<(Instant, Message)>>>,
 }
+
+/// How long a hand-over a peer did not take is sent again (a peer down longer relearns
+/// everything when it starts).
+const HAND_OVER_RETRY_FOR: Duration = Duration::from_secs(600);
+/// Most hand-overs kept for one peer; the oldest go first.
+const HAND_OVER_RETRY_MAX: usize = 10_000;
 
 /// A refused request: the `Error` message its requester gets.
 type Refused = Message;
@@ -416,8 +432,10 @@ impl Coordinator {
             config,
             view: Mutex::new(View::default()),
             serving: AtomicBool::new(false),
+            learned: AtomicBool::new(false),
             peer_pool: std::sync::OnceLock::new(),
             stats: Arc::new(TransportStats::default()),
+            unsent: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -434,6 +452,11 @@ impl Coordinator {
     /// Whether it serves its listener ([`Coordinator::serve`] runs).
     pub fn is_serving(&self) -> bool {
         self.serving.load(Ordering::Acquire)
+    }
+
+    /// Whether it is done learning from its peers at start (at once without peers).
+    pub fn has_learned(&self) -> bool {
+        self.learned.load(Ordering::Acquire)
     }
 
     /// Servers that heartbeated within the timeout.
@@ -529,10 +552,18 @@ impl Coordinator {
                 }
                 Ok(OkMsg {}.into())
             }
-            Message::ShuffleSync(s) => Ok(self.apply_sync(s)),
+            Message::ShuffleSync(s) => Ok(self.apply_sync(s, false)),
             Message::SplitPartition(r) => self.split_partition(r),
             Message::GetSplits(g) => {
                 match self.view.lock().shuffles.get(&(g.app_id.clone(), g.shuffle_id)) {
+                    Some(r) if r.splits_pending => Err(refuse(
+                        ErrorCode::Internal,
+                        format!(
+                            "shuffle {} of {}: this coordinator is still learning its split \
+                             partitions from its peers; ask another, or again",
+                            g.shuffle_id, g.app_id
+                        ),
+                    )),
                     Some(r) => Ok(r.splits(&g.app_id).into()),
                     None => Err(refuse(
                         ErrorCode::UnknownShuffle,
@@ -774,7 +805,7 @@ impl Coordinator {
     }
 
     /// Takes what a peer passed on; answers with everything known here when it asks.
-    fn apply_sync(&self, s: ShuffleSync) -> Message {
+    fn apply_sync(&self, s: ShuffleSync, splits_pending: bool) -> Message {
         let mut v = self.view.lock();
         for app in &s.removed_apps {
             v.apps.remove(app);
@@ -789,9 +820,11 @@ impl Coordinator {
             v.apps.entry(sh.app_id.clone()).or_insert_with(Instant::now);
             let key = (sh.app_id, sh.assignment.shuffle_id);
             // What is known here stays: a peer's copy of the same registration is the same.
-            v.shuffles
+            let r = v
+                .shuffles
                 .entry(key)
                 .or_insert_with(|| Registered::new(sh.assignment, sh.num_maps, sh.replication));
+            r.splits_pending |= splits_pending;
         }
         if learned > 0 {
             tracing::debug!(shuffles = learned, "assignments learned from a peer");
@@ -877,10 +910,63 @@ impl Coordinator {
     /// client can get another assignment than the one it holds.
     async fn hand_over(self: &Arc<Self>, sync: Message) {
         let what = sync.msg_type().name();
-        for answer in self.tell_peers(sync).await {
+        // What only adds (an assignment, a split: taking it twice is taking it once) is sent
+        // again until the peer takes it; a removal is not (sent late, it could remove a
+        // registration made again since).
+        let again = match &sync {
+            Message::Splits(_) => true,
+            Message::ShuffleSync(s) => s.removed_apps.is_empty() && s.removed_shuffles.is_empty(),
+            _ => false,
+        };
+        for answer in self.tell_peers(sync.clone()).await {
             if let Err(error) = answer.reply {
-                tracing::warn!(peer = %answer.peer, change = what, %error,
-                    "hand-over to a peer coordinator failed; it lacks this change until it restarts");
+                if again {
+                    tracing::warn!(peer = %answer.peer, change = what, %error,
+                        "hand-over to a peer coordinator failed; sent again until it takes it");
+                    let mut unsent = self.unsent.lock();
+                    let q = unsent.entry(answer.peer).or_default();
+                    if q.len() >= HAND_OVER_RETRY_MAX {
+                        q.pop_front();
+                    }
+                    q.push_back((Instant::now(), sync.clone()));
+                } else {
+                    tracing::warn!(peer = %answer.peer, change = what, %error,
+                        "hand-over to a peer coordinator failed; it lacks this change until it \
+                         restarts or the application expires there");
+                }
+            }
+        }
+    }
+
+    /// Sends the hand-overs peers did not take again, oldest first, each peer until one fails;
+    /// those older than [`HAND_OVER_RETRY_FOR`] are dropped.
+    async fn resend_hand_overs(self: &Arc<Self>) {
+        let peers: Vec<String> = self.unsent.lock().keys().cloned().collect();
+        for peer in peers {
+            loop {
+                let next = {
+                    let mut unsent = self.unsent.lock();
+                    let Some(q) = unsent.get_mut(&peer) else { break };
+                    while q.front().is_some_and(|(at, _)| at.elapsed() > HAND_OVER_RETRY_FOR) {
+                        q.pop_front();
+                        tracing::warn!(peer = %peer, "a hand-over the peer coordinator did not \
+                            take in time is dropped; it lacks it until it restarts");
+                    }
+                    match q.front() {
+                        Some((_, m)) => m.clone(),
+                        None => {
+                            unsent.remove(&peer);
+                            break;
+                        }
+                    }
+                };
+                if self.ask_peer(&peer, next).await.is_err() {
+                    break;
+                }
+                let mut unsent = self.unsent.lock();
+                if let Some(q) = unsent.get_mut(&peer) {
+                    q.pop_front();
+                }
             }
         }
     }
@@ -927,13 +1013,35 @@ impl Coordinator {
     /// At start: asks every peer for the assignments it knows, until one answers or a few
     /// seconds pass (they may be starting too).
     async fn learn_from_peers(self: Arc<Self>) {
-        if self.config.peers.is_empty() {
-            return;
-        }
+        self.learn_from_peers_once().await;
+        self.learned.store(true, Ordering::Release);
+    }
+
+    /// [`Self::learn_from_peers`]: every peer is asked until it answers, for 10 rounds at most
+    /// (a peer that answered, this coordinator itself among them in a list of all, does not
+    /// end the asking of one slow to answer).
+    async fn learn_from_peers_once(self: &Arc<Self>) {
+        let mut unheard: Vec<String> = self.config.peers.clone();
+        let mut heard_any = false;
         for _ in 0..10 {
-            let want = ShuffleSync { want_all: 1, ..Default::default() };
-            let answers = self.tell_peers(want.into()).await;
-            let mut heard = false;
+            if unheard.is_empty() {
+                return;
+            }
+            let want = Message::from(ShuffleSync { want_all: 1, ..Default::default() });
+            let mut tasks = tokio::task::JoinSet::new();
+            for peer in unheard.clone() {
+                let (me, msg) = (self.clone(), want.clone());
+                tasks.spawn(async move {
+                    let reply = me.ask_peer(&peer, msg).await;
+                    PeerAnswer { peer, reply }
+                });
+            }
+            let mut answers = Vec::new();
+            while let Some(r) = tasks.join_next().await {
+                if let Ok(r) = r {
+                    answers.push(r);
+                }
+            }
             for PeerAnswer { peer, reply } in answers {
                 let s = match reply {
                     Ok(Message::ShuffleSync(s)) => s,
@@ -955,27 +1063,73 @@ impl Coordinator {
                     .iter()
                     .map(|sh| (sh.app_id.clone(), sh.assignment.shuffle_id))
                     .collect();
-                self.apply_sync(s);
-                // And the parts of their split partitions.
-                for (app_id, shuffle_id) in shuffles {
-                    let ask = GetSplits { app_id, shuffle_id };
-                    match self.ask_peer(&peer, ask.into()).await {
-                        Ok(Message::Splits(sp)) => {
-                            self.handle(sp.into());
-                        }
-                        Ok(_) => {}
-                        Err(error) => tracing::warn!(peer = %peer, shuffle = shuffle_id,
-                            %error, "splits of a shuffle not learned from a peer coordinator"),
-                    }
-                }
-                heard = true;
+                // And the parts of their split partitions; until then, `GetSplits` of those
+                // shuffles is answered with a retriable error, not a list that may lack parts.
+                self.apply_sync(s, true);
+                self.learn_splits_from(&peer, shuffles).await;
+                unheard.retain(|p| *p != peer);
+                heard_any = true;
             }
-            if heard {
+            if unheard.is_empty() {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        tracing::info!("no peer coordinator answered at start; starting with no assignments");
+        if heard_any {
+            tracing::warn!(peers = ?unheard, "peer coordinators not heard at start; their \
+                assignments are learned as they hand them over");
+        } else {
+            tracing::info!("no peer coordinator answered at start; starting with no assignments");
+        }
+    }
+
+    /// Asks `peer` for the splits of `shuffles` (learned from it), again every second for those
+    /// it does not answer, for [`HAND_OVER_RETRY_FOR`] at most (then a warning, and the splits
+    /// made here are answered). A peer answering anything but the splits (it forgot the
+    /// shuffle) leaves those made here.
+    async fn learn_splits_from(self: &Arc<Self>, peer: &str, mut shuffles: Vec<(String, u32)>) {
+        let started = Instant::now();
+        loop {
+            let mut unanswered = Vec::new();
+            for (app_id, shuffle_id) in shuffles {
+                let ask = GetSplits { app_id: app_id.clone(), shuffle_id };
+                match self.ask_peer(peer, ask.into()).await {
+                    Ok(reply) => {
+                        if let Message::Splits(sp) = reply {
+                            self.handle(sp.into());
+                        }
+                        self.set_splits_learned(&[(app_id, shuffle_id)]);
+                    }
+                    Err(error) => {
+                        tracing::debug!(peer = %peer, shuffle = shuffle_id, %error,
+                            "a peer coordinator did not answer for a shuffle's splits; asking again");
+                        unanswered.push((app_id, shuffle_id));
+                    }
+                }
+            }
+            if unanswered.is_empty() {
+                return;
+            }
+            if started.elapsed() > HAND_OVER_RETRY_FOR {
+                tracing::warn!(peer = %peer, shuffles = unanswered.len(),
+                    "splits of shuffles not learned from a peer coordinator in time: answering \
+                     with those made here");
+                self.set_splits_learned(&unanswered);
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            shuffles = unanswered;
+        }
+    }
+
+    /// The splits of `shuffles` are learned from a peer (or will not be): `GetSplits` answers.
+    fn set_splits_learned(&self, shuffles: &[(String, u32)]) {
+        let mut v = self.view.lock();
+        for key in shuffles {
+            if let Some(r) = v.shuffles.get_mut(key) {
+                r.splits_pending = false;
+            }
+        }
     }
 
     /// Forgets applications whose heartbeats stopped, with their assignments.
@@ -1026,6 +1180,7 @@ impl Coordinator {
                 loop {
                     tick.tick().await;
                     me.expire();
+                    me.resend_hand_overs().await;
                 }
             })
         };
@@ -1383,6 +1538,41 @@ mod tests {
             }
             assert_eq!(listed(&c3), l1);
         }
+    }
+
+    /// A coordinator learning a shuffle from a peer at start does not answer `GetSplits` with
+    /// an empty list before it has asked the peer for the shuffle's splits (readers keep the
+    /// answer): a retriable error meanwhile, so clients ask another coordinator, or again.
+    #[test]
+    fn splits_not_yet_learned_at_start_are_an_error_to_retry_not_an_empty_list() {
+        let c = Coordinator::new(CoordinatorConfig::default()).unwrap();
+        let a = Assignment {
+            shuffle_id: 1,
+            servers: vec![],
+            partitions: vec![PartitionLoc { primary: 0, replica: NO_REPLICA }],
+        };
+        let sync = ShuffleSync {
+            want_all: 0,
+            shuffles: vec![SyncedShuffle {
+                app_id: "a".into(),
+                num_maps: 1,
+                replication: 1,
+                assignment: a,
+            }],
+            ..Default::default()
+        };
+        c.apply_sync(sync, true);
+        let ask = || c.handle(GetSplits { app_id: "a".into(), shuffle_id: 1 }.into());
+        match ask() {
+            Message::Error(e) => {
+                let code = ErrorCode::from_u16(e.code).unwrap();
+                assert!(code.is_retriable(), "{code:?}: {}", e.message);
+                assert!(e.message.contains("still learning"), "{}", e.message);
+            }
+            m => panic!("answered before its splits were learned: {m:?}"),
+        }
+        c.set_splits_learned(&[("a".into(), 1)]);
+        assert!(matches!(ask(), Message::Splits(_)));
     }
 
     #[test]

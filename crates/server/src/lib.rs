@@ -466,7 +466,9 @@ async fn send_status(
             tracing::info!(coordinator = %coord, "drain ordered by a coordinator");
             state.start_draining();
         }
-        Ok(Some(Message::DrainOrder(o))) if o.order == DRAIN_ORDER_STOP && state.is_draining() => {
+        Ok(Some(Message::DrainOrder(o)))
+            if o.order == DRAIN_ORDER_STOP && state.is_draining() && !state.is_stopping() =>
+        {
             tracing::info!(coordinator = %coord, "drain cancelled by a coordinator");
             state.stop_draining();
         }

@@ -128,6 +128,8 @@ pub struct ServerState {
     relieving: AtomicBool,
     /// Taking no new partitions (see [`ServerState::start_draining`]).
     draining: AtomicBool,
+    /// Stopping (SIGTERM): its drain cannot be cancelled ([`ServerState::start_stopping`]).
+    stopping: AtomicBool,
     /// What each application and user holds, against their limits.
     quotas: Quotas,
     /// Local files of partitions moved to the object store whose commit record could not be
@@ -165,7 +167,8 @@ impl ServerState {
         stats.recovered_lost.store(recovered.lost as u64, Ordering::Relaxed);
         let now = Instant::now();
         for s in recovered.shuffles {
-            apps.insert_recovered(s, now);
+            // A parked (open) shuffle takes pushes again: it splits as any other.
+            apps.insert_recovered(s.with_split_bytes(config.split_threshold_bytes), now);
         }
         for (app_id, why) in &recovered.unlisted {
             apps.insert_unlisted(app_id, why, now);
@@ -211,6 +214,7 @@ impl ServerState {
             flushing_bytes,
             flushes_done,
             relieving: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
             stranded: parking_lot::Mutex::new(Vec::new()),
             draining: AtomicBool::new(false),
             quotas: Quotas::new(config.quotas.clone()),
@@ -1172,15 +1176,34 @@ impl ServerState {
         }
     }
 
+    /// Drains for a stop (SIGTERM) that nothing calls off: [`ServerState::stop_draining`] is
+    /// refused from now on (taking new partitions, a stopping server would be assigned work it
+    /// then waits for, or loses at the stop).
+    pub fn start_stopping(&self) {
+        self.stopping.store(true, Ordering::Release);
+        self.start_draining();
+    }
+
+    /// Whether it is stopping ([`ServerState::start_stopping`]).
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+
     /// Takes new partitions again after [`ServerState::start_draining`] (an operator changed
-    /// their mind); idempotent.
-    pub fn stop_draining(&self) {
+    /// their mind); idempotent. `false` (and it stays draining) while it is stopping
+    /// ([`ServerState::start_stopping`]).
+    pub fn stop_draining(&self) -> bool {
+        if self.stopping.load(Ordering::Acquire) {
+            tracing::warn!("a drain cancel refused: the server is stopping (SIGTERM)");
+            return false;
+        }
         if self.draining.swap(false, Ordering::AcqRel) {
             tracing::info!(
                 shuffles = self.shuffles_held(),
                 "drain cancelled: taking new partitions"
             );
         }
+        true
     }
 
     /// Whether the server drains: [`ServerState::start_draining`] was called, and not

@@ -149,9 +149,10 @@ impl ServerHandle {
         self.state.start_draining();
     }
 
-    /// Takes new partitions again; idempotent.
-    pub fn stop_draining(&self) {
-        self.state.stop_draining();
+    /// Takes new partitions again; idempotent. `false` while the server is stopping (SIGTERM):
+    /// it stays draining.
+    pub fn stop_draining(&self) -> bool {
+        self.state.stop_draining()
     }
 
     /// Whether it drains.

@@ -234,7 +234,11 @@ async fn server_stop(state: Arc<sluice_server::ServerState>) {
             );
             return;
         }
-        state.start_draining();
+        if decommission {
+            state.start_draining();
+        } else {
+            state.start_stopping();
+        }
         let done = |s: &sluice_server::ServerState| {
             if decommission {
                 s.shuffles_held()

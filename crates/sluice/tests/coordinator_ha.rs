@@ -87,6 +87,33 @@ async fn any_coordinator_answers_and_a_killed_one_costs_the_job_nothing() {
         };
         assert_eq!(splits_at(pb).await, made.partitions, "B does not know A's split");
 
+        // B stalled (SIGSTOP) while A splits partition 1: the hand-over fails, and A sends it
+        // again once B answers; B never keeps a list without the new part.
+        let signal = |sig: &str, pid: u32| {
+            let ok = std::process::Command::new("kill").args([sig, &pid.to_string()]).status();
+            assert!(ok.unwrap().success(), "kill {sig}");
+        };
+        signal("-STOP", b.pid());
+        let ask = SplitPartition {
+            app_id: "ha-app".into(),
+            shuffle_id: 1,
+            partition_id: 1,
+            known_parts: 1,
+        };
+        let split = call(&raw(pa).await, ask).await;
+        signal("-CONT", b.pid());
+        let Ok(Message::Splits(made1)) = split else { panic!("A did not split partition 1") };
+        let mut learned = false;
+        for _ in 0..50 {
+            let at_b = splits_at(pb).await;
+            if at_b.iter().any(|p| p.partition_id == 1 && p.parts == made1.partitions[0].parts) {
+                learned = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        assert!(learned, "B never learned the split it missed while stalled:\n{}", a.log_text());
+
         // Map 0 before A dies, map 1 after; the shuffle commits and reads back whole.
         for (m, t) in spawn_writers(&client, &s1, 1, 300, 400, |_, s| s % 6).into_iter().enumerate() {
             t.await.unwrap().unwrap_or_else(|e| panic!("map {m}: {e}"));
@@ -126,7 +153,9 @@ async fn any_coordinator_answers_and_a_killed_one_costs_the_job_nothing() {
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         }
         assert!(learned, "the restarted coordinator did not learn shuffle 2 from its peer");
-        assert_eq!(splits_at(pa).await, made.partitions, "nor shuffle 1's split");
+        let at_b = splits_at(pb).await;
+        assert_eq!(at_b.len(), 2, "partitions 0 and 1 split: {at_b:?}");
+        assert_eq!(splits_at(pa).await, at_b, "nor shuffle 1's splits");
 
         // Unregistering through B reaches A.
         let conn = raw(pb).await;

@@ -73,3 +73,45 @@ async fn a_draining_server_gets_no_new_partitions_serves_what_it_holds_and_then_
     )
     .await
 }
+
+/// A server stopping on SIGTERM (waiting for a shuffle to be committed) refuses to have its
+/// drain cancelled, by the admin API or by a coordinator: taking new partitions, it would be
+/// assigned work it then waits for, or loses at the stop. The commit then lets it stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_servers_drain_cannot_be_cancelled() {
+    bounded("a_stopping_servers_drain_cannot_be_cancelled", 60, async {
+        let scratch = Scratch::new();
+        let spec = ServerSpec { metrics: true, ..ServerSpec::default() };
+        let mut server = scratch.server(&spec);
+        let client = client("stopping", None);
+        let a = assignment(1, &[server.addr], 2);
+        register_direct(&client, &a, 1).await.unwrap();
+        let mut w = client.writer(a.clone(), 0, 0).await.unwrap();
+        for seq in 0..50u32 {
+            w.write_record(seq % 2, &record(0, 0, seq, 1000)).await.unwrap();
+        }
+        w.finish().await.unwrap();
+        // Uncommitted data: SIGTERM drains and waits for the commit.
+        let pid = Pid::from_raw(server.pid() as i32).expect("pid");
+        kill_process(pid, Signal::TERM).expect("SIGTERM");
+        let draining = eventually(10, || server.log_text().contains("SIGTERM: draining")).await;
+        assert!(draining, "no drain on SIGTERM:\n{}", server.log_text());
+        let admin = sluice_admin::AdminClient::new(
+            &server.metrics.expect("admin address").to_string(),
+            None,
+            Duration::from_secs(10),
+        );
+        let answer = admin
+            .call("DELETE".parse().unwrap(), "/api/v1/drain", bytes::Bytes::new())
+            .await
+            .expect("an answer");
+        assert_eq!(answer.status.as_u16(), 409, "{}", String::from_utf8_lossy(&answer.body));
+        assert_eq!(metric(&server.metrics().await, "sluice_server_draining"), 1.0);
+        assert!(server.is_running());
+        // Committed, nothing is left that the stop would lose: it stops.
+        client.commit_shuffle(&a).await.expect("commit");
+        let stopped = eventually(15, || !server.is_running()).await;
+        assert!(stopped, "still running after the commit; log:\n{}", server.log_text());
+    })
+    .await
+}

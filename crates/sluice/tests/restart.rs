@@ -420,7 +420,8 @@ async fn sigterm_waits_for_open_shuffles_to_be_committed_then_a_restart_serves_t
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_shuffle_without_data_does_not_hold_a_stop_and_is_open_after_the_restart() {
     bounded("an_open_shuffle_without_data_does_not_hold_a_stop", 60, async {
-        let (r, mut server) = Restartable::new(&["chunk_bytes=65536"]);
+        let (r, mut server) =
+            Restartable::new(&["chunk_bytes=65536", "split_threshold_bytes=4096"]);
         let client = client("later-stage-app", None);
         // A job's later stage: registered, nothing pushed yet.
         let later = assignment(2, &[r.addr], PARTITIONS);
@@ -428,12 +429,15 @@ async fn an_open_shuffle_without_data_does_not_hold_a_stop_and_is_open_after_the
         sigterm(&server);
         assert!(eventually(10, || !server.is_running()).await, "an empty shuffle held the stop");
         assert!(server.log_text().contains("parked"), "no log line: {}", server.log_text());
-        let _server = r.start();
+        let server = r.start();
         // The restarted server takes the stage's pushes and serves its data.
         write_shuffle(&client, &later, true).await;
         let got = read_all(&client, &later).await;
         let n: usize = got.iter().map(|p| p.as_ref().map(|v| v.len()).unwrap()).sum();
         assert_eq!(n, (MAPS * 40) as usize);
+        // And splits its partitions past the threshold, as it did before the restart.
+        let splits = metric(&server, "sluice_server_split_replies_total").await;
+        assert!(splits >= 1.0, "no PushSplit after the restart ({splits})");
     })
     .await
 }

@@ -553,6 +553,14 @@ impl<F: Clone> Shuffle<F> {
             ));
         }
         let committed = self.lifecycle() != Lifecycle::Open;
+        if !committed && self.parked.load(Ordering::Acquire) {
+            // Its record is written (or being written) without it: kept only in memory, it
+            // would be lost at the restart. Retried, it reaches the restarted server.
+            return Err(Refusal::new(
+                ErrorCode::ShuttingDown,
+                format!("the server is restarting; {} takes map ends again after it", self.key),
+            ));
+        }
         match self.maps.lock().record(map_id, attempt_id, counts, committed) {
             (Ended::Winner(w), dropped) => Ok((w, dropped)),
             (Ended::NotKept, _) => Err(Refusal::new(

@@ -568,6 +568,10 @@ fn an_empty_open_shuffle_parks_and_comes_back_open_one_with_data_does_not_park()
     let body = batch_body(0, 0, 10);
     let pushed = s.push(&[section(0, &body)], &body, None, &files);
     assert_eq!(pushed.result.unwrap_err().code(), ErrorCode::ShuttingDown, "parked: retriable");
+    // Nor map ends: its record is written without them, and one kept in memory only would be
+    // lost at the restart.
+    let ended = s.mapper_end(0, 0, &[]).unwrap_err();
+    assert_eq!(ended.code(), ErrorCode::ShuttingDown, "parked: retriable");
     // Its record brings it back open: it takes pushes again.
     let back = Shuffle::recovered(
         decode_record(&s.commit_record(|f| f.to_string())).unwrap(),
@@ -575,6 +579,7 @@ fn an_empty_open_shuffle_parks_and_comes_back_open_one_with_data_does_not_park()
     );
     assert_eq!(back.lifecycle(), Lifecycle::Open);
     assert!(back.push(&[section(0, &body)], &body, None, &files).result.is_ok());
+    assert!(back.mapper_end(0, 0, &[(0, 1)]).is_ok(), "and map ends");
     // Holding data (buffered only), it does not park: a stop must wait for its commit.
     assert!(back.unsealed_with_data());
     assert!(!back.park());
