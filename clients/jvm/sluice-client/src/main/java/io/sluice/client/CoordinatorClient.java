@@ -221,14 +221,50 @@ public final class CoordinatorClient {
 
   /**
    * As {@link #registerShuffleOnServers(String, ShuffleAssignment, int, int)}, telling the servers
-   * the user the application runs as (empty: none), whose quotas it counts against there.
+   * the user the application runs as (empty: none), whose quotas it counts against there. With
+   * replication, a server that fails (see {@link SluiceException#isServerFailure()}; the
+   * coordinator still assigns a server for a while after it died) is tolerated as long as every
+   * partition keeps a server that took the registration: its writers go on with that copy, as
+   * when a server fails mid-push. Otherwise the failure is thrown.
    */
   public void registerShuffleOnServers(
       String appId, String user, ShuffleAssignment a, int numMaps, int replication) {
-    onAllServers(a.servers(), new RegisterApp(appId, user))
-        .forEach(CoordinatorClient::expectOk);
-    onAllServers(a.servers(), new RegisterShuffle(appId, a.shuffleId(), numMaps,
-        a.numPartitions(), replication)).forEach(CoordinatorClient::expectOk);
+    boolean replicated = false;
+    for (int p = 0; p < a.numPartitions(); p++) {
+      replicated |= a.replicaIndex(p) >= 0;
+    }
+    SluiceException[] failed = new SluiceException[a.servers().size()];
+    Message[] steps = {new RegisterApp(appId, user), new RegisterShuffle(appId, a.shuffleId(),
+        numMaps, a.numPartitions(), replication)};
+    for (Message step : steps) {
+      List<Answer> answers = answersOfAllServers(a.servers(), step);
+      for (int s = 0; s < answers.size(); s++) {
+        SluiceException e = answers.get(s).failure();
+        if (e == null && failed[s] == null) {
+          try {
+            expectOk(answers.get(s).message());
+          } catch (SluiceException refused) {
+            e = refused;
+          }
+        }
+        if (e == null || failed[s] != null) {
+          continue;
+        }
+        if (!(replicated && e.isServerFailure())) {
+          throw e;
+        }
+        LOG.warn("Shuffle {}: server {} failed at registration ({}); its partitions go on with "
+            + "their other copy", a.shuffleId(), a.servers().get(s).hostPort(), e.getMessage());
+        failed[s] = e;
+      }
+    }
+    for (int p = 0; p < a.numPartitions(); p++) {
+      int primary = a.primaryIndex(p);
+      int replica = a.replicaIndex(p);
+      if (failed[primary] != null && (replica < 0 || failed[replica] != null)) {
+        throw failed[primary];
+      }
+    }
   }
 
   /**
@@ -350,18 +386,6 @@ public final class CoordinatorClient {
         LOG.warn("{} to {} failed: {}", msg.type().wireName(), s.hostPort(), e.toString());
       }
     }
-  }
-
-  /** Sends {@code msg} to every server at once and waits for all answers, retrying each. */
-  private List<Message> onAllServers(Collection<ShuffleAssignment.Server> servers, Message msg) {
-    List<Message> out = new ArrayList<>();
-    for (Answer a : answersOfAllServers(servers, msg)) {
-      if (a.failure() != null) {
-        throw a.failure();
-      }
-      out.add(a.message());
-    }
-    return out;
   }
 
   /** One server's answer to a request, or why there is none. */

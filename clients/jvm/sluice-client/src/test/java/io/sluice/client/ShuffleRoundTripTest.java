@@ -605,6 +605,32 @@ class ShuffleRoundTripTest {
   }
 
   /**
+   * A server the coordinator still assigns after it died (for its heartbeat timeout) fails the
+   * registration of a shuffle only when some partition has no other copy: a replicated shuffle
+   * is registered, written, committed and read on the servers that are left.
+   */
+  @Test
+  void aDeadServerFailsOnlyTheRegistrationOfPartitionsWithoutAnotherCopy() {
+    s1.close();
+    // Reconnects to the dead server wait 50 ms at most (the default cap of 10 s, doubling at
+    // each of this test's many attempts, only makes it slow).
+    factory.close();
+    conf = conf.with("sluice.client.reconnectBackoffMaxMs", "50");
+    factory = new TransportClientFactory(conf, APP);
+    coord = new CoordinatorClient(factory, List.of(coordinator.hostPort()));
+    ShuffleAssignment single = coord.registerShuffle(APP, 12, 1, 4, 1);
+    SluiceException e = assertThrows(SluiceException.class,
+        () -> coord.registerShuffleOnServers(APP, single, 1, 1));
+    assertTrue(e.isServerFailure(), e.toString());
+    ShuffleAssignment a = replicatedShuffle(13, 1, 4);
+    writeMap(a, 0, 0, 5, true);
+    coord.commitShuffle(APP, a);
+    for (int p = 0; p < 4; p++) {
+      assertEquals(expected(p, new int[] {0}, 0, 5), read(a, p, 0, 1));
+    }
+  }
+
+  /**
    * Without named attempts each server picks a map's winner itself, and two copies can differ:
    * a reader that fails over mid-stream, batches of the first copy's winner delivered already,
    * must not take the other copy's winner too (two attempts' records mixed).

@@ -12,6 +12,7 @@ import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
+import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
@@ -202,14 +203,17 @@ final class SluiceDriver implements AutoCloseable {
       LOG.warn("Could not unregister Sluice application {} from the coordinator: {}", appId,
           e.toString());
     }
+    // Each server on a thread of its own: reaching a dead one waits out its reconnect back-off
+    // and a connect timeout, which must not add up over the servers (nor hold the others).
+    ExecutorService connecting = Executors.newCachedThreadPool(r -> {
+      Thread t = new Thread(r, "sluice-app-unregister");
+      t.setDaemon(true);
+      return t;
+    });
     List<CompletableFuture<Message>> replies = new ArrayList<>();
     for (ShuffleAssignment.Server s : servers) {
-      try {
-        replies.add(factory.getClient(s).call(new UnregisterApp(appId)));
-      } catch (RuntimeException e) {
-        LOG.warn("Could not unregister Sluice application {} from {}: {}", appId, s.hostPort(),
-            e.toString());
-      }
+      replies.add(CompletableFuture.supplyAsync(() -> factory.getClient(s), connecting)
+          .thenCompose(c -> c.call(new UnregisterApp(appId))));
     }
     try {
       CompletableFuture.allOf(replies.toArray(new CompletableFuture<?>[0]))
@@ -220,6 +224,8 @@ final class SluiceDriver implements AutoCloseable {
           + "delete its data when it expires): {}", appId, e.toString());
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
+    } finally {
+      connecting.shutdownNow();
     }
   }
 

@@ -1,5 +1,12 @@
 package io.sluice.spark;
 
+import java.io.ByteArrayInputStream;
+import java.io.ByteArrayOutputStream;
+import java.io.IOException;
+import java.io.ObjectInputStream;
+import java.io.ObjectOutputStream;
+import java.io.ObjectStreamClass;
+import java.io.UncheckedIOException;
 import org.apache.spark.SparkConf;
 import org.apache.spark.SparkEnv;
 import org.apache.spark.rpc.RpcCallContext;
@@ -19,6 +26,12 @@ import scala.runtime.BoxedUnit;
  * (so nothing else to configure or secure: it inherits spark.authenticate and spark.network.crypto).
  * Spark's RPC classes are internal API, but they have kept these signatures from 2.x to 4.3.
  * Thread-safe endpoint: Spark delivers one message at a time, which also serializes commits.
+ *
+ * <p>Requests, replies and failures cross Spark's RPC as JDK types only (a {@code byte[]} holding
+ * the Java-serialized message, read back with this plugin's class loader; a failure's text): an
+ * executor's RPC environment reads what it receives with the class loader it started with, which
+ * on Spark 4 does not see a plugin passed with {@code --jars}/{@code spark.jars}, and a reply of a
+ * plugin class was lost there ({@code ClassNotFoundException}) until the ask timed out.
  */
 final class SluiceDriverEndpoint implements ThreadSafeRpcEndpoint {
   static final String NAME = "SluiceDriver";
@@ -42,10 +55,52 @@ final class SluiceDriverEndpoint implements ThreadSafeRpcEndpoint {
     return RpcUtils.makeDriverRef(NAME, conf, env.rpcEnv());
   }
 
-  /** Sends {@code message} and waits for the generation it is answered with. */
+  /**
+   * Sends {@code message} and waits for the generation it is answered with. Any failure (the
+   * driver's, or no answer in time: Spark's checked timeout) is a {@link RuntimeException}.
+   */
   static ShuffleGeneration ask(RpcEndpointRef driver, Object message) {
-    ClassTag<ShuffleGeneration> tag = ClassTag$.MODULE$.apply(ShuffleGeneration.class);
-    return driver.askSync(message, tag);
+    ClassTag<byte[]> tag = ClassTag$.MODULE$.apply(byte[].class);
+    byte[] reply;
+    try {
+      reply = driver.askSync(pack(message), tag);
+    } catch (Exception e) { // askSync throws checked exceptions Java is not told of
+      throw new IllegalStateException("the Spark driver did not answer " + message + ": " + e, e);
+    }
+    return (ShuffleGeneration) unpack(reply);
+  }
+
+  /** {@code o} Java-serialized. */
+  static byte[] pack(Object o) {
+    ByteArrayOutputStream bytes = new ByteArrayOutputStream();
+    try (ObjectOutputStream out = new ObjectOutputStream(bytes)) {
+      out.writeObject(o);
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    }
+    return bytes.toByteArray();
+  }
+
+  /** What {@link #pack} made, its classes resolved with this plugin's class loader. */
+  static Object unpack(byte[] packed) {
+    ClassLoader plugin = SluiceDriverEndpoint.class.getClassLoader();
+    try (ObjectInputStream in = new ObjectInputStream(new ByteArrayInputStream(packed)) {
+      @Override
+      protected Class<?> resolveClass(ObjectStreamClass desc)
+          throws IOException, ClassNotFoundException {
+        try {
+          return Class.forName(desc.getName(), false, plugin);
+        } catch (ClassNotFoundException e) {
+          return super.resolveClass(desc);
+        }
+      }
+    }) {
+      return in.readObject();
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    } catch (ClassNotFoundException e) {
+      throw new IllegalStateException(e);
+    }
   }
 
   @Override
@@ -58,26 +113,30 @@ final class SluiceDriverEndpoint implements ThreadSafeRpcEndpoint {
     return new AbstractPartialFunction<Object, BoxedUnit>() {
       @Override
       public boolean isDefinedAt(Object message) {
-        return message instanceof DriverMessages.Commit
-            || message instanceof DriverMessages.Replace
-            || message instanceof DriverMessages.WriteFailed;
+        return message instanceof byte[];
       }
 
       @Override
       @SuppressWarnings("unchecked")
-      public <A1, B1> B1 applyOrElse(A1 message, Function1<A1, B1> otherwise) {
+      public <A1, B1> B1 applyOrElse(A1 packed, Function1<A1, B1> otherwise) {
+        if (!(packed instanceof byte[] bytes)) {
+          return otherwise.apply(packed);
+        }
         try {
+          Object message = unpack(bytes);
           if (message instanceof DriverMessages.Commit c) {
-            context.reply(driver.commit(c.sparkShuffleId(), c.wireShuffleId()));
+            context.reply(pack(driver.commit(c.sparkShuffleId(), c.wireShuffleId())));
           } else if (message instanceof DriverMessages.Replace r) {
-            context.reply(driver.replace(r.sparkShuffleId(), r.wireShuffleId(), r.reason()));
+            context.reply(pack(driver.replace(r.sparkShuffleId(), r.wireShuffleId(), r.reason())));
           } else if (message instanceof DriverMessages.WriteFailed w) {
-            context.reply(driver.writeFailed(w.sparkShuffleId(), w.wireShuffleId(), w.reason()));
+            context.reply(pack(driver.writeFailed(w.sparkShuffleId(), w.wireShuffleId(),
+                w.reason())));
           } else {
-            return otherwise.apply(message);
+            context.sendFailure(new IllegalArgumentException("not a Sluice request: " + message));
           }
         } catch (RuntimeException e) {
-          context.sendFailure(e);
+          // Its text only: the exception's own class may be the plugin's.
+          context.sendFailure(new IllegalStateException(e.toString()));
         }
         return (B1) BoxedUnit.UNIT;
       }

@@ -289,9 +289,11 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
         return true;
       } catch (SluiceException e) {
         close();
-        if (context.isInterrupted()) {
-          // Killed (a losing speculative copy, a cancelled job): its read failing says nothing
-          // about the data, so no report and no FetchFailed; Spark records TaskKilled.
+        if (context.isInterrupted() || context.isCompleted() || interrupted(e)) {
+          // Killed (a losing speculative copy, a cancelled job), or its thread interrupted as
+          // the task completed early (on Spark 3.5 a Python task's writer thread, when the task
+          // needs no more rows: `limit`, `take`): its read failing says nothing about the data,
+          // so no report and no FetchFailed.
           throw e;
         }
         if (e.code() == ErrorCode.INVALID_REQUEST) {
@@ -446,5 +448,16 @@ final class SluiceShuffleReader<K, C> implements ShuffleReader<K, C> {
         LOG.debug("closing a Sluice stream: {}", e.toString());
       }
     }
+  }
+
+  /** Whether {@code e} comes of the reading thread being interrupted, not of the data. */
+  static boolean interrupted(Throwable e) {
+    for (Throwable t = e; t != null; t = t.getCause()) {
+      if (t instanceof InterruptedException
+          || t instanceof java.nio.channels.ClosedByInterruptException) {
+        return true;
+      }
+    }
+    return Thread.currentThread().isInterrupted();
   }
 }
