@@ -1093,7 +1093,12 @@ impl Coordinator {
             let mut unanswered = Vec::new();
             for (app_id, shuffle_id) in shuffles {
                 let ask = GetSplits { app_id: app_id.clone(), shuffle_id };
+                let retriable = |e: &sluice_proto::message::ErrorMsg| {
+                    ErrorCode::from_u16(e.code).is_some_and(|c| c.is_retriable())
+                };
                 match self.ask_peer(peer, ask.into()).await {
+                    // The peer is learning them itself: asked again.
+                    Ok(Message::Error(e)) if retriable(&e) => unanswered.push((app_id, shuffle_id)),
                     Ok(reply) => {
                         if let Message::Splits(sp) = reply {
                             self.handle(sp.into());

@@ -471,8 +471,10 @@ async fn read_loop(
                     Body::Empty,
                     reader.max_frame_bytes,
                 ) {
-                    // Within the watermarks, as the server answers pings.
-                    let _ = outbound.send(f).await;
+                    // Within the watermarks, and never waiting: this task reads the answers
+                    // that drain the peer's queue (a peer pinging without reading its pongs
+                    // gets none once this queue is full).
+                    let _ = outbound.send_if_room(f);
                 }
                 continue;
             }

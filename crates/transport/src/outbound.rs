@@ -254,6 +254,20 @@ impl Outbound {
         }
     }
 
+    /// Queues a frame if the queue is under its high watermark; `Ok(false)` (the frame dropped)
+    /// if it is not: for an answer that may be left out rather than wait (a pong read by a task
+    /// that must never block, or the queue grow).
+    pub fn send_if_room(&self, frame: OutFrame) -> Result<bool, TransportError> {
+        let mut g = self.shared.lock();
+        if let Some(reason) = &g.closed {
+            return Err(TransportError::Closed(reason.clone()));
+        }
+        if !g.writable {
+            return Ok(false);
+        }
+        self.push_locked(&mut g, Item::Frame(frame)).map(|()| true)
+    }
+
     /// Queues a frame now, ignoring the watermarks: for small control frames that must not
     /// wait behind data and come at most once per connection (handshake replies, fatal
     /// errors), never one per request a peer may send without end.
