@@ -316,9 +316,36 @@ struct View {
     shuffles: HashMap<(String, u32), Registered>,
     /// Parts added to split partitions here (not the ones learned from peers).
     splits_made: u64,
+    /// While learning from its peers at start: the applications and shuffles removed meanwhile,
+    /// which a peer's snapshot taken before the removal must not bring back.
+    removed_while_learning: Option<Removed>,
+}
+
+/// Applications and shuffles removed (see [`View::removed_while_learning`]).
+#[derive(Default)]
+struct Removed {
+    apps: std::collections::HashSet<String>,
+    shuffles: std::collections::HashSet<(String, u32)>,
 }
 
 impl View {
+    /// Notes that application `app` (or only its shuffle `shuffle`) was removed, if learning.
+    fn note_removed(&mut self, app: &str, shuffle: Option<u32>) {
+        if let Some(r) = &mut self.removed_while_learning {
+            match shuffle {
+                Some(id) => r.shuffles.insert((app.to_owned(), id)),
+                None => r.apps.insert(app.to_owned()),
+            };
+        }
+    }
+
+    /// Whether a peer's snapshot may bring back shuffle `key` (not removed since learning began).
+    fn may_learn(&self, key: &(String, u32)) -> bool {
+        self.removed_while_learning
+            .as_ref()
+            .is_none_or(|r| !r.apps.contains(&key.0) && !r.shuffles.contains(key))
+    }
+
     /// A shuffle is unregistered: the partitions its assignment promised to servers that have
     /// not sent a heartbeat since no longer count against them. (Registering and unregistering
     /// shuffles between two heartbeats, as a probe does, would otherwise make a server look
@@ -525,6 +552,7 @@ impl Coordinator {
             Message::AppHeartbeat(r) => Ok(self.app_seen(&r.app_id)),
             Message::UnregisterApp(r) => {
                 let mut v = self.view.lock();
+                v.note_removed(&r.app_id, None);
                 v.apps.remove(&r.app_id);
                 let gone: Vec<(String, u32)> =
                     v.shuffles.keys().filter(|(a, _)| *a == r.app_id).cloned().collect();
@@ -547,6 +575,7 @@ impl Coordinator {
             }
             Message::UnregisterShuffle(u) => {
                 let mut v = self.view.lock();
+                v.note_removed(&u.app_id, Some(u.shuffle_id));
                 if let Some(shuffle) = v.shuffles.remove(&(u.app_id, u.shuffle_id)) {
                     v.release_promises(&shuffle);
                 }
@@ -808,17 +837,22 @@ impl Coordinator {
     fn apply_sync(&self, s: ShuffleSync, splits_pending: bool) -> Message {
         let mut v = self.view.lock();
         for app in &s.removed_apps {
+            v.note_removed(app, None);
             v.apps.remove(app);
             v.shuffles.retain(|(a, _), _| a != app);
         }
         for u in &s.removed_shuffles {
+            v.note_removed(&u.app_id, Some(u.shuffle_id));
             v.shuffles.remove(&(u.app_id.clone(), u.shuffle_id));
         }
         let learned = s.shuffles.len();
         for sh in s.shuffles {
+            let key = (sh.app_id.clone(), sh.assignment.shuffle_id);
+            if splits_pending && !v.may_learn(&key) {
+                continue; // a start's snapshot, older than the removal
+            }
             // Heard of through a peer: alive now, as if it had registered here.
             v.apps.entry(sh.app_id.clone()).or_insert_with(Instant::now);
-            let key = (sh.app_id, sh.assignment.shuffle_id);
             // What is known here stays: a peer's copy of the same registration is the same.
             let r = v
                 .shuffles
@@ -1013,7 +1047,9 @@ impl Coordinator {
     /// At start: asks every peer for the assignments it knows, until one answers or a few
     /// seconds pass (they may be starting too).
     async fn learn_from_peers(self: Arc<Self>) {
+        self.view.lock().removed_while_learning = Some(Removed::default());
         self.learn_from_peers_once().await;
+        self.view.lock().removed_while_learning = None;
         self.learned.store(true, Ordering::Release);
     }
 
@@ -1578,6 +1614,46 @@ mod tests {
         }
         c.set_splits_learned(&[("a".into(), 1)]);
         assert!(matches!(ask(), Message::Splits(_)));
+    }
+
+    /// A shuffle unregistered while a starting coordinator learns from its peers is not
+    /// brought back by a peer's snapshot taken before the removal; registered again later, it is
+    /// taken as any hand-over.
+    #[test]
+    fn a_snapshot_older_than_a_removal_does_not_bring_the_shuffle_back() {
+        let c = Coordinator::new(CoordinatorConfig::default()).unwrap();
+        let synced = |id: u32| SyncedShuffle {
+            app_id: "a".into(),
+            num_maps: 1,
+            replication: 1,
+            assignment: Assignment {
+                shuffle_id: id,
+                servers: vec![],
+                partitions: vec![PartitionLoc { primary: 0, replica: NO_REPLICA }],
+            },
+        };
+        let sync = |ids: &[u32]| ShuffleSync {
+            want_all: 0,
+            shuffles: ids.iter().map(|&id| synced(id)).collect(),
+            ..Default::default()
+        };
+        let known = |id: u32| {
+            let ask = GetAssignment { app_id: "a".into(), shuffle_id: id };
+            matches!(c.handle(ask.into()), Message::Assignment(_))
+        };
+        c.view.lock().removed_while_learning = Some(Removed::default());
+        c.handle(UnregisterShuffle { app_id: "a".into(), shuffle_id: 1 }.into());
+        c.apply_sync(sync(&[1, 2]), true);
+        assert!(!known(1), "the removed shuffle came back with an older snapshot");
+        assert!(known(2));
+        // An application removed meanwhile: none of its shuffles come back.
+        c.handle(UnregisterApp { app_id: "a".into() }.into());
+        c.apply_sync(sync(&[2, 3]), true);
+        assert!(!known(2) && !known(3));
+        // Learning over: a registration handed over later is taken.
+        c.view.lock().removed_while_learning = None;
+        c.apply_sync(sync(&[1]), false);
+        assert!(known(1));
     }
 
     #[test]
